@@ -1,0 +1,229 @@
+"""Ranks for a notebook: ipyparallel engines, one per rank, driven by `%%px` cells.
+
+    ranks = cluster.start(4)     # 4 engines, a process group on every one
+    %%px
+    print(rank, world_size, device)
+    ranks.stop()
+
+On a CPU machine each engine is a gloo rank; on a GPU box each engine owns one GPU and
+joins an NCCL group. The kernel serves the rendezvous store on a port the operating
+system picks (no race for a "free" port), ranks are assigned explicitly (rank r is
+engine r), `%%px` output is made deterministic (no streaming, no progress bars), and
+every engine exits by itself if the kernel dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import ipyparallel as ipp
+import torch.distributed as dist
+from ipyparallel.cluster.launcher import LocalControllerLauncher, MPIEngineSetLauncher
+
+from distcourse import runtime
+
+DEFAULT_RANKS = 4  # on a CPU machine; a GPU box defaults to one rank per GPU
+# Engines become visible on the controller's heartbeat; ipyparallel's default of 3 s
+# made "ready" take 5-6 s. 200 ms beats with 150 allowed misses keep the same 30 s
+# tolerance for an engine that stops answering.
+_CONTROLLER_ARGS = [
+    "--usethreads",  # schedulers as threads: fewer processes on a small machine
+    "--HeartMonitor.period=200",
+    "--HeartMonitor.max_heartmonitor_misses=150",
+]
+_ENGINE_ARGS = [
+    "--IPEngine.enable_nanny=False",  # the watchdog does the nanny's job
+    "--IPEngine.wait_for_url_file=60",
+]
+
+
+class _ForkingEngines(MPIEngineSetLauncher):
+    """Start all engines as forks of one process that has imported torch already."""
+
+    @property
+    def program(self) -> list[str]:
+        return []
+
+    @property
+    def program_args(self) -> list[str]:
+        return self.cluster_args + self.engine_args
+
+
+class _WatchedController(LocalControllerLauncher):
+    """The ipyparallel controller, with a watchdog on the notebook kernel."""
+
+
+@dataclass
+class Ranks:
+    """A running set of notebook ranks: the engines, their client and `%%px` view."""
+
+    cluster: ipp.Cluster
+    client: ipp.Client
+    view: ipp.DirectView
+    world_size: int
+    backend: str
+    store: Any = field(repr=False)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def run(self, fn: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call fn(*args, **kwargs) on every rank; results in rank order.
+
+        A failure raises RankError naming the first rank that raised.
+        """
+        result = self.view.apply_async(fn, *args, **kwargs)
+        try:
+            return result.get()
+        except ipp.error.CompositeError as err:
+            rank, name, value = _first_error(err)
+            raise runtime.RankError(rank, f"{name}: {value}") from None
+
+    def stop(self) -> None:
+        """Shut down the process groups, the engines and the controller."""
+        global _current
+        try:
+            self.view.execute(
+                "from distcourse import runtime as _rt; _rt.shutdown()", block=True
+            )
+        except Exception:  # an engine may already be gone; stopping must still work
+            pass
+        self.client.close()
+        self.cluster.stop_cluster_sync()
+        self.store = None
+        if _current is self:
+            _current = None
+
+
+def _first_error(err: ipp.error.CompositeError) -> tuple[int, str, str]:
+    """(rank, exception name, message) of the lowest failing rank (rank = engine id)."""
+    name, value, _tb, info = min(err.elist, key=lambda e: e[3].get("engine_id", 0))
+    return info.get("engine_id", -1), name, value
+
+
+_current: Ranks | None = None
+
+
+def _engine_init(
+    rank: int, world_size: int, port: int, backend: str | None, timeout: float
+) -> dict[str, Any]:
+    """Runs on each engine: join the group through the kernel's store."""
+    store = runtime.make_store(
+        rank, world_size, "127.0.0.1", port, timeout, serve=False
+    )
+    info = runtime.init(rank, world_size, store=store, backend=backend, timeout=timeout)
+    return {"backend": info.backend, "device": str(info.device)}
+
+
+def default_ranks() -> int:
+    """One rank per GPU on a GPU box, else DEFAULT_RANKS."""
+    return runtime.gpu_count() or DEFAULT_RANKS
+
+
+def start(
+    n: int | None = None,
+    *,
+    backend: str | None = None,
+    timeout: float = runtime.DEFAULT_TIMEOUT,
+    activate: bool = True,
+) -> Ranks:
+    """Start `n` ranks as ipyparallel engines and initialise a process group on each.
+
+    Any ranks this kernel started before are stopped first, so re-running a notebook
+    from the top works. `timeout` bounds every collective on the new group.
+    """
+    global _current
+    n = default_ranks() if n is None else n
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"number of ranks must be a positive integer, got {n!r}")
+    runtime._seconds(timeout)
+    if _current is not None:
+        _current.stop()
+    t0 = time.perf_counter()
+    # the kernel serves the rendezvous; port 0 lets the OS choose a free port
+    store = dist.TCPStore(
+        "127.0.0.1", 0, n + 1, is_master=True,
+        timeout=runtime._seconds(timeout), wait_for_workers=False,
+    )  # fmt: skip
+    cluster = _make_cluster(n)
+    cluster.start_cluster_sync()
+    client = cluster.connect_client_sync()
+    client.wait_for_engines(n, timeout=120, interactive=False)
+    t1 = time.perf_counter()
+    ids = sorted(client.ids)
+    if ids != list(range(n)):
+        raise RuntimeError(f"expected engines 0..{n - 1}, got {ids}")
+    view = client[ids]
+    view.block = True
+    asyncs = [
+        client[r].apply_async(_engine_init, r, n, store.port, backend, timeout)
+        for r in ids
+    ]
+    infos = [a.get(timeout=timeout + 10) for a in asyncs]
+    view.execute(_NAMESPACE)
+    t2 = time.perf_counter()
+    ranks = Ranks(cluster, client, view, n, infos[0]["backend"], store)
+    ranks.timings = {"engines": t1 - t0, "process group": t2 - t1, "total": t2 - t0}
+    _current = ranks
+    if activate:
+        _activate(view)
+    return ranks
+
+
+# names every %%px cell can use
+_NAMESPACE = """
+import torch, torch.distributed as dist
+from distcourse import runtime
+_info = runtime.require_initialized()
+rank, world_size, device, backend = (
+    _info.rank, _info.world_size, _info.device, _info.backend
+)
+"""
+
+
+def _make_cluster(n: int) -> ipp.Cluster:
+    kernel = str(os.getpid())
+    entry = [sys.executable, "-m", "distcourse._ipp"]
+    cluster = ipp.Cluster(
+        n=n,
+        cluster_id=f"distcourse-{uuid.uuid4().hex[:8]}",
+        log_level=logging.ERROR,
+        controller_launcher_class=_WatchedController,
+        engine_launcher_class=_ForkingEngines,
+        controller_args=_CONTROLLER_ARGS,
+        engine_args=_ENGINE_ARGS,
+        # engines find the controller's file themselves, so they can import torch
+        # while the controller starts, instead of after it
+        send_engines_connection_env=False,
+    )
+    cluster.config.LocalControllerLauncher.controller_cmd = [
+        *entry,
+        "controller",
+        kernel,
+    ]
+    cluster.config.MPIEngineSetLauncher.mpi_cmd = [*entry, "engines", kernel]
+    return cluster
+
+
+def _activate(view: ipp.DirectView) -> None:
+    """Register %%px for `view`, configured for output that is the same every run."""
+    from ipyparallel.client.magics import ParallelMagics
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        return
+    magics = ParallelMagics(shell, view, "")
+    magics.stream_output = False  # print all output after the cell, in rank order
+    magics.progress_after_seconds = -1  # no progress bar in the stored output
+    shell.magics_manager.register(magics)
+
+
+def stop() -> None:
+    """Stop the ranks this kernel started, if any."""
+    if _current is not None:
+        _current.stop()

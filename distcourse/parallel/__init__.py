@@ -1,0 +1,1 @@
+"""One module per parallelism strategy; each is checked against one process."""
