@@ -16,9 +16,12 @@ import time
 
 
 def _watch(kernel_pid: int) -> None:
+    """Exit when the kernel is gone; so do processes forked from this one later
+    (the controller forks its heart monitor, which has no thread of ours)."""
     from distcourse.runtime import watch_parent
 
     watch_parent(kernel_pid)
+    os.register_at_fork(after_in_child=lambda: watch_parent(kernel_pid))
 
 
 def controller(kernel_pid: int, argv: list[str]) -> None:

@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import cloudpickle
 import ipyparallel as ipp
 import torch.distributed as dist
 from ipyparallel.cluster.launcher import LocalControllerLauncher, MPIEngineSetLauncher
@@ -76,12 +77,19 @@ class Ranks:
 
         A failure raises RankError naming the first rank that raised.
         """
-        result = self.view.apply_async(fn, *args, **kwargs)
+        payload = cloudpickle.dumps((fn, args, kwargs))  # by value: lambdas too
+        result = self.view.apply_async(_call, payload)
         try:
             return result.get()
         except ipp.error.CompositeError as err:
             rank, name, value = _first_error(err)
             raise runtime.RankError(rank, f"{name}: {value}") from None
+
+    def pull(self, name: str, rank: int = 0) -> Any:
+        """The value of variable `name` on `rank`, copied into the notebook."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank must be in 0..{self.world_size - 1}, got {rank}")
+        return self.client[rank].pull(name, block=True)
 
     def stop(self) -> None:
         """Shut down the process groups, the engines and the controller."""
@@ -99,6 +107,13 @@ class Ranks:
             _current = None
 
 
+def _call(payload: bytes) -> Any:
+    import cloudpickle
+
+    fn, args, kwargs = cloudpickle.loads(payload)
+    return fn(*args, **kwargs)
+
+
 def _first_error(err: ipp.error.CompositeError) -> tuple[int, str, str]:
     """(rank, exception name, message) of the lowest failing rank (rank = engine id)."""
     name, value, _tb, info = min(err.elist, key=lambda e: e[3].get("engine_id", 0))
@@ -109,14 +124,29 @@ _current: Ranks | None = None
 
 
 def _engine_init(
-    rank: int, world_size: int, port: int, backend: str | None, timeout: float
-) -> dict[str, Any]:
-    """Runs on each engine: join the group through the kernel's store."""
+    rank: int, world_size: int, port: int, backend: str | None, timeout: float,
+    path: list[str],
+) -> dict[str, Any]:  # fmt: skip
+    """Runs on each engine: see the kernel's modules, join the group via its store."""
+    sys.path.extend(p for p in path if p not in sys.path)
     store = runtime.make_store(
         rank, world_size, "127.0.0.1", port, timeout, serve=False
     )
     info = runtime.init(rank, world_size, store=store, backend=backend, timeout=timeout)
     return {"backend": info.backend, "device": str(info.device)}
+
+
+def processes(ranks: Ranks) -> list[int]:
+    """PIDs of every process behind `ranks`: controller, engine launcher, engines,
+    and their children. Tests use it to prove that nothing outlives a notebook."""
+    import psutil
+
+    roots = [ranks.cluster.controller.process.pid]
+    roots += [es.process.pid for es in ranks.cluster.engines.values()]
+    pids = set(roots) | set(ranks.run(os.getpid))
+    for pid in roots:
+        pids |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    return sorted(pids)
 
 
 def default_ranks() -> int:
@@ -160,7 +190,9 @@ def start(
     view = client[ids]
     view.block = True
     asyncs = [
-        client[r].apply_async(_engine_init, r, n, store.port, backend, timeout)
+        client[r].apply_async(
+            _engine_init, r, n, store.port, backend, timeout, sys.path
+        )
         for r in ids
     ]
     infos = [a.get(timeout=timeout + 10) for a in asyncs]
@@ -195,7 +227,6 @@ def _make_cluster(n: int) -> ipp.Cluster:
         controller_launcher_class=_WatchedController,
         engine_launcher_class=_ForkingEngines,
         controller_args=_CONTROLLER_ARGS,
-        engine_args=_ENGINE_ARGS,
         # engines find the controller's file themselves, so they can import torch
         # while the controller starts, instead of after it
         send_engines_connection_env=False,
@@ -206,6 +237,7 @@ def _make_cluster(n: int) -> ipp.Cluster:
         kernel,
     ]
     cluster.config.MPIEngineSetLauncher.mpi_cmd = [*entry, "engines", kernel]
+    cluster.config.EngineLauncher.engine_args = _ENGINE_ARGS
     return cluster
 
 

@@ -1,0 +1,126 @@
+"""Notebook ranks on real ipyparallel engines: start, fail, stop, outlive nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+from distcourse import cluster, runtime
+
+
+def _processes(ranks: cluster.Ranks) -> list[int]:
+    """Every process of a running set of ranks: controller, launcher, engines and
+    whatever they started (the controller's heart monitor, say)."""
+    return cluster.processes(ranks)
+
+
+def _wait_gone(pids: list[int], within: float = 10.0) -> list[int]:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        alive = [p for p in pids if runtime.pid_alive(p)]
+        if not alive:
+            return []
+        time.sleep(0.1)
+    return alive
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.0, "4"])
+def test_start_rejects_bad_rank_counts(bad: object) -> None:
+    with pytest.raises(ValueError, match="positive integer"):
+        cluster.start(bad)  # type: ignore[arg-type]
+
+
+def _ranks_and_sum() -> tuple[int, int, float]:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return dist.get_rank(), dist.get_world_size(), t.item()
+
+
+def _fail_on_rank_one() -> None:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("rank one refuses")
+
+
+def test_ranks_start_run_fail_stop_and_restart() -> None:
+    ranks = cluster.start(2, activate=False)
+    try:
+        assert ranks.run(_ranks_and_sum) == [(0, 2, 1.0), (1, 2, 1.0)]
+        assert ranks.pull("rank", rank=1) == 1
+        with pytest.raises(runtime.RankError, match="rank 1 failed: ValueError"):
+            ranks.run(_fail_on_rank_one)
+        with pytest.raises(ValueError, match="rank must be in 0..1"):
+            ranks.pull("rank", rank=2)
+        pids = _processes(ranks)
+    finally:
+        ranks.stop()
+    assert _wait_gone(pids) == []
+    again = cluster.start(3, activate=False)  # a second start in the same process
+    try:
+        assert [r for r, _, _ in again.run(_ranks_and_sum)] == [0, 1, 2]
+        pids = _processes(again)
+    finally:
+        cluster.stop()
+    assert _wait_gone(pids) == []
+
+
+KERNEL = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from distcourse import cluster
+    ranks = cluster.start(2, activate=False)
+    print(json.dumps(cluster.processes(ranks)), flush=True)
+    time.sleep(3600)
+    """
+)
+
+
+def test_engines_exit_when_the_kernel_is_killed() -> None:
+    """SIGKILL runs no cleanup in the kernel: the watchdogs must end every process."""
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KERNEL], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        pids = json.loads(kernel.stdout.readline())
+        assert len(pids) >= 4 and all(runtime.pid_alive(p) for p in pids)
+    finally:
+        kernel.send_signal(signal.SIGKILL)
+        kernel.wait()
+    assert _wait_gone(pids) == []
+
+
+def test_a_px_cell_that_raises_names_the_rank(tmp_path) -> None:
+    """In a real kernel: the error of a %%px cell reaches the notebook with rank 1."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "from distcourse import cluster; r = cluster.start(2)"
+        ),
+        nbformat.v4.new_code_cell(
+            "%%px\nif rank == 1:\n    raise ValueError(f'bad input on rank {rank}')"
+        ),
+        nbformat.v4.new_code_cell("r.stop()"),
+    ]
+    client = NotebookClient(nb, timeout=120, kernel_name="python3")
+    start = time.monotonic()
+    with pytest.raises(CellExecutionError) as err:
+        client.execute(cwd=str(tmp_path))
+    assert time.monotonic() - start < 60
+    message = re.sub(r"\x1b\[[0-9;]*m", "", str(err.value))  # drop terminal colours
+    assert "[1:execute]" in message
+    assert "ValueError: bad input on rank 1" in message
+    assert "[0:execute]" not in message
