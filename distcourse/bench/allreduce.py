@@ -1,0 +1,95 @@
+"""Bus bandwidth of distcourse's ring all-reduce against torch's dist.all_reduce.
+
+`python -m distcourse.bench allreduce [--json] [--quick] [--sizes 1K 64M] [--ranks 2 4]`
+Both run in the same ranks, alternating call by call, so a busy machine slows both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import re
+
+import torch.distributed as dist
+
+from distcourse import comm, runtime
+from distcourse.costmodel import bus_bandwidth, measure
+
+DEFAULT_SIZES = [4**k * 1024 for k in range(9)]  # 1 KB .. 64 MB, float32
+QUICK_SIZES = [1024, 64 * 1024]
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """'64M', '1K', '4096' or '16MB' to a number of bytes."""
+    match = re.fullmatch(r"(\d+)\s*([KMG]?)B?", text.strip().upper())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 1K, 16M)")
+    return int(match[1]) * _UNITS[match[2]]
+
+
+def _on_rank(sizes: list[int], repeats: int, warmup: int) -> dict[str, list[float]]:
+    """Time both all-reduces on every size; runs on each rank, returns seconds."""
+    ring = functools.partial(comm.ring_all_reduce, check=False)
+    fns = {"torch": dist.all_reduce, "distcourse": ring}
+    return measure(fns, sizes, repeats=repeats, warmup=warmup)
+
+
+def run(ranks: list[int], sizes: list[int], repeats: int, warmup: int) -> list[dict]:
+    """One table row per (ranks, size): bus bandwidths in GB/s and their ratio."""
+    rows = []
+    for n in ranks:
+        times = runtime.spawn(_on_rank, n, sizes, repeats, warmup, timeout=120)[0]
+        for i, size in enumerate(sizes):
+            torch_bw = bus_bandwidth(size, n, times["torch"][i]) / 1e9
+            ours_bw = bus_bandwidth(size, n, times["distcourse"][i]) / 1e9
+            row = dict(
+                ranks=n, bytes=size, torch_gbps=torch_bw, distcourse_gbps=ours_bw
+            )
+            rows.append(row | {"ratio": ours_bw / torch_bw})
+    return rows
+
+
+def _human(size: int) -> str:
+    for unit, scale in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}B"
+    return f"{size} B"
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as a fixed-width text table."""
+    head = f"{'ranks':>5} {'size':>8} {'torch GB/s':>11} {'distcourse GB/s':>16}"
+    lines = [f"{head} {'ratio':>6}"]
+    for r in rows:
+        lines.append(
+            f"{r['ranks']:>5} {_human(r['bytes']):>8} {r['torch_gbps']:>11.3f} "
+            f"{r['distcourse_gbps']:>16.3f} {r['ratio']:>6.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m distcourse.bench allreduce")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="two small sizes, 1 run")
+    parser.add_argument("--sizes", nargs="+", type=parse_size, help="e.g. 1K 16M")
+    parser.add_argument("--ranks", nargs="+", type=int, default=[2, 4])
+    parser.add_argument("--repeats", type=int, default=9)
+    args = parser.parse_args(argv)
+    sizes = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    repeats, warmup = (1, 0) if args.quick else (args.repeats, 2)
+    rows = run(args.ranks, sizes, repeats, warmup)
+    # the headline: the largest size on the largest world size measured
+    top = max(rows, key=lambda r: (r["ranks"], r["bytes"]))
+    if args.json:
+        headline = {key: top[key] for key in ("ratio", "ranks", "bytes")}
+        print(json.dumps(headline | {"rows": rows}))
+    else:
+        print(table(rows))
+        print(
+            f"ratio (distcourse / torch bus bandwidth, {top['ranks']} ranks, "
+            f"{_human(top['bytes'])}): {top['ratio']:.2f}"
+        )
+    return 0

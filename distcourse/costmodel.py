@@ -1,0 +1,161 @@
+"""The alpha-beta cost model: a message of n bytes takes alpha + beta * n seconds.
+
+alpha is the fixed cost of one message (latency), beta the cost of one byte (1 /
+bandwidth). `predict` gives each collective's steps, bytes and time under the model;
+`measure` and `fit_alpha_beta` find alpha and beta on the ranks at hand.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from distcourse import runtime
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one collective costs under the alpha-beta model."""
+
+    steps: int  # message rounds one after another (each pays alpha)
+    bytes_sent: float  # bytes sent by the busiest rank
+    seconds: float  # predicted time on the critical path
+
+
+def _ring_all_reduce(s: float, n: int, a: float, b: float) -> Cost:
+    # reduce-scatter then all-gather: 2(N-1) steps, each moving one chunk of S/N
+    return Cost(2 * (n - 1), 2 * (n - 1) / n * s, 2 * (n - 1) * (a + b * s / n))
+
+
+def _naive_all_reduce(s: float, n: int, a: float, b: float) -> Cost:
+    # the root receives N-1 whole tensors, then sends N-1 back, one after another
+    return Cost(2 * (n - 1), (n - 1) * s, 2 * (n - 1) * (a + b * s))
+
+
+def _ring_gather(s: float, n: int, a: float, b: float) -> Cost:
+    # all-gather or reduce-scatter of S bytes in all: N-1 steps of S/N
+    return Cost(n - 1, (n - 1) / n * s, (n - 1) * (a + b * s / n))
+
+
+def _tree_broadcast(s: float, n: int, a: float, b: float) -> Cost:
+    # the holders double each round; the source sends the whole tensor every round
+    rounds = math.ceil(math.log2(n)) if n > 1 else 0
+    return Cost(rounds, rounds * s, rounds * (a + b * s))
+
+
+MODELS: dict[str, Callable[[float, int, float, float], Cost]] = {
+    "ring_all_reduce": _ring_all_reduce,
+    "naive_all_reduce": _naive_all_reduce,
+    "ring_all_gather": _ring_gather,
+    "ring_reduce_scatter": _ring_gather,
+    "tree_broadcast": _tree_broadcast,
+}
+
+
+def predict(
+    collective: str,
+    nbytes: float,
+    world_size: int,
+    alpha: float = 0.0,
+    beta: float = 0.0,
+) -> Cost:
+    """Steps, bytes sent by the busiest rank, and time of `collective` on S=`nbytes`.
+
+    S is the full tensor: the all-reduced tensor, the gathered output of an all-gather,
+    the input of a reduce-scatter. With alpha = beta = 0 only steps and bytes matter.
+    """
+    if collective not in MODELS:
+        raise ValueError(
+            f"unknown collective {collective!r}; use one of {list(MODELS)}"
+        )
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    return MODELS[collective](nbytes, world_size, alpha, beta)
+
+
+_BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+}
+
+
+def bus_bandwidth(
+    nbytes: float, world_size: int, seconds: float, collective: str = "all_reduce"
+) -> float:
+    """Bus bandwidth in bytes/s: S / t scaled by the bytes a ring must move per rank.
+
+    As in nccl-tests, it is comparable across world sizes and with a link's speed.
+    """
+    return _BUS_FACTOR[collective](world_size) * nbytes / seconds
+
+
+def fit_alpha_beta(
+    sizes_bytes: Sequence[float], times_s: Sequence[float], relative: bool = True
+) -> tuple[float, float]:
+    """Least-squares fit of t = alpha + beta * bytes; returns (alpha, beta).
+
+    With `relative`, each point is weighted by 1/t, so the small messages that fix
+    alpha count as much as the large ones that fix beta.
+    """
+    s = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if s.shape != t.shape or s.size < 2:
+        raise ValueError("need at least two (size, time) pairs of equal length")
+    design = np.stack([np.ones_like(s), s], axis=1)  # (points, 2): [1, bytes]
+    weight = 1 / t if relative else np.ones_like(t)
+    (alpha, beta), *_ = np.linalg.lstsq(
+        design * weight[:, None], t * weight, rcond=None
+    )
+    return float(alpha), float(beta)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(
+    fn: Callable[[torch.Tensor], object] | dict[str, Callable[[torch.Tensor], object]],
+    sizes: Sequence[int],
+    repeats: int = 5,
+    warmup: int = 1,
+    dtype: torch.dtype = torch.float32,
+    group: dist.ProcessGroup | None = None,
+) -> list[float] | dict[str, list[float]]:
+    """Seconds per call of a collective `fn(tensor)`, for tensors of each size in bytes.
+
+    Every rank must call it. Each timing starts after a barrier; a size's time is the
+    median of `repeats`, then the maximum over ranks (the slowest rank sets the pace).
+    Pass a dict of functions to time them alternately on the same tensors.
+    """
+    runtime.require_initialized()
+    fns = fn if isinstance(fn, dict) else {"fn": fn}
+    device = runtime.device()
+    item = torch.empty((), dtype=dtype).element_size()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for size in sizes:
+        x = torch.zeros(max(size // item, 1), dtype=dtype, device=device)
+        runs: dict[str, list[float]] = {name: [] for name in fns}
+        for rep in range(warmup + repeats):
+            for name, f in fns.items():
+                dist.barrier(group=group)
+                start = time.perf_counter()
+                f(x)
+                _sync(device)
+                if rep >= warmup:
+                    runs[name].append(time.perf_counter() - start)
+        for name in fns:
+            median = statistics.median(runs[name])
+            slowest = torch.tensor([median], dtype=torch.float64, device=device)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+            times[name].append(slowest.item())
+    return times if isinstance(fn, dict) else times["fn"]

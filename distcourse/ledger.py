@@ -1,0 +1,193 @@
+"""A ledger of one rank's communication: every torch.distributed call made while active.
+
+`with Ledger() as ledger:` swaps the functions in the `torch.distributed` namespace
+(all_reduce, isend, ...) for wrappers that write a Record, then calls the original.
+The originals come back on exit, also after an exception.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+# collective: (argument holding what this rank contributes, argument naming the root)
+_COLLECTIVES: dict[str, tuple[str | None, str | None]] = {
+    "all_reduce": ("tensor", None),
+    "reduce": ("tensor", None),
+    "broadcast": ("tensor", "src"),  # only the source contributes
+    "all_gather": ("tensor", None),
+    "all_gather_into_tensor": ("input_tensor", None),
+    "all_gather_single": ("input_tensor", None),  # newer torch
+    "gather": ("tensor", None),
+    "scatter": ("scatter_list", "src"),  # only the source contributes
+    "reduce_scatter": ("input_list", None),
+    "reduce_scatter_tensor": ("input", None),
+    "reduce_scatter_single": ("input", None),  # newer torch
+    "all_to_all": ("input_tensor_list", None),
+    "all_to_all_single": ("input", None),
+    "barrier": (None, None),
+}
+# point-to-point call: (direction, argument naming the peer)
+_P2P = {
+    "send": ("send", "dst"),
+    "isend": ("send", "dst"),
+    "recv": ("recv", "src"),
+    "irecv": ("recv", "src"),
+}
+
+
+@dataclass(frozen=True)
+class Record:
+    """One call: its name, direction, payload in bytes, and who was at the other end."""
+
+    op: str  # the torch.distributed function, e.g. "isend" or "all_reduce"
+    kind: str  # "send" or "recv" (point-to-point), or "collective"
+    bytes: int  # sent/received payload; for a collective, this rank's contribution
+    peer: int | None  # global rank of the other side (point-to-point only)
+    group_size: int
+
+
+def _nbytes(data: Any) -> int:
+    if data is None:
+        return 0
+    if isinstance(data, torch.Tensor):
+        return data.numel() * data.element_size()
+    return sum(_nbytes(t) for t in data)  # a list of tensors
+
+
+def _global_rank(args: dict, name: str) -> int | None:
+    """The global rank an argument names, given as `name` or as `group_<name>`."""
+    if args.get(name) is not None:
+        return args[name]
+    if args.get(f"group_{name}") is not None:
+        group = args.get("group") or dist.group.WORLD
+        return dist.get_global_rank(group, args[f"group_{name}"])
+    return None
+
+
+def _unwrap(fn: Callable) -> Callable:
+    while hasattr(fn, "_ledger_original"):
+        fn = fn._ledger_original
+    return fn
+
+
+class _P2POp(c10d.P2POp):
+    """A P2POp that takes a ledger's wrapped isend/irecv (torch checks identity)."""
+
+    def __new__(cls, op: Callable, *args: Any, **kwargs: Any) -> _P2POp:
+        return super().__new__(cls, _unwrap(op), *args, **kwargs)
+
+    def __init__(self, op: Callable, *args: Any, **kwargs: Any) -> None:
+        super().__init__(_unwrap(op), *args, **kwargs)
+
+
+class Ledger:
+    """Record every torch.distributed call this rank makes inside a `with` block.
+
+    `ledger.records` lists them; `bytes_sent`, `bytes_received` and `summary` add them
+    up. Only Python calls through the module attribute, like `dist.isend(...)`, are
+    seen. Calls made from C++, such as DDP's gradient all-reduces, and functions
+    imported by name before the block are invisible to it.
+    """
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self._saved: dict[str, Any] = {}
+
+    def __enter__(self) -> Ledger:
+        if self._saved:
+            raise RuntimeError("this Ledger is already active")
+        names = [n for n in [*_COLLECTIVES, *_P2P] if hasattr(dist, n)]
+        for name in [*names, "batch_isend_irecv", "P2POp"]:
+            self._saved[name] = getattr(dist, name)
+        for name in names:
+            setattr(dist, name, self._wrap(name, self._saved[name]))
+        dist.batch_isend_irecv = self._wrap_batch(self._saved["batch_isend_irecv"])
+        dist.P2POp = _P2POp
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, fn in self._saved.items():
+            setattr(dist, name, fn)
+        self._saved = {}
+
+    def _wrap(self, name: str, fn: Callable) -> Callable:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                bound = signature.bind(*args, **kwargs).arguments
+            except TypeError:  # let torch report its own argument errors
+                return fn(*args, **kwargs)
+            if dist.is_initialized():  # else torch raises its own error, unrecorded
+                self._record(name, bound)
+            return fn(*args, **kwargs)
+
+        wrapper._ledger_original = fn
+        return wrapper
+
+    def _wrap_batch(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(p2p_op_list: list, *args: Any, **kwargs: Any) -> Any:
+            for p in p2p_op_list:
+                kind = "send" if _unwrap(p.op) is c10d.isend else "recv"
+                size = dist.get_world_size(p.group)
+                record = Record(
+                    "batch_isend_irecv", kind, _nbytes(p.tensor), p.peer, size
+                )
+                self.records.append(record)
+            return fn(p2p_op_list, *args, **kwargs)
+
+        wrapper._ledger_original = fn
+        return wrapper
+
+    def _record(self, op: str, args: dict) -> None:
+        size = dist.get_world_size(args.get("group"))
+        if op in _P2P:
+            kind, peer = _P2P[op]
+            payload = _nbytes(args.get("tensor"))
+            record = Record(op, kind, payload, _global_rank(args, peer), size)
+        else:
+            data, root = _COLLECTIVES[op]
+            sent = _nbytes(args.get(data)) if data else 0
+            if root and _global_rank(args, root) != dist.get_rank():
+                sent = 0  # a non-root rank contributes nothing to a broadcast/scatter
+            record = Record(op, "collective", sent, None, size)
+        self.records.append(record)
+
+    def bytes_sent(self, op: str | None = None) -> int:
+        """Bytes this rank sent, in calls to `op` (all calls if None).
+
+        Point-to-point sends count their tensor. A collective counts what this rank
+        contributes (all_reduce: its tensor; all_gather: its input), not what the
+        library's algorithm puts on the wire, which the ledger cannot see.
+        """
+        return sum(
+            r.bytes for r in self.records if r.kind != "recv" and op in (None, r.op)
+        )
+
+    def bytes_received(self, op: str | None = None) -> int:
+        """Bytes this rank received by point-to-point calls to `op` (all if None)."""
+        return sum(
+            r.bytes for r in self.records if r.kind == "recv" and op in (None, r.op)
+        )
+
+    def summary(self) -> str:
+        """A table, one line per (function, kind): number of records and bytes."""
+        lines = [f"{'op':<24}{'kind':<12}{'count':>7}{'bytes':>14}"]
+        for op, kind in dict.fromkeys((r.op, r.kind) for r in self.records):
+            mine = [r for r in self.records if (r.op, r.kind) == (op, kind)]
+            lines.append(
+                f"{op:<24}{kind:<12}{len(mine):>7}{sum(r.bytes for r in mine):>14,}"
+            )
+        lines.append(f"{'total sent':<43}{self.bytes_sent():>14,}")
+        lines.append(f"{'total received':<43}{self.bytes_received():>14,}")
+        return "\n".join(lines)

@@ -1,0 +1,71 @@
+"""distcourse.costmodel: the alpha-beta formulas, the fit, and timing on live ranks."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+from distcourse import comm, costmodel
+from distcourse.runtime import spawn
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_predict_follows_the_textbook_formulas(n: int) -> None:
+    s, a, b = 1e6, 1e-5, 1e-9
+    ring = costmodel.predict("ring_all_reduce", s, n, a, b)
+    assert ring.steps == 2 * (n - 1)
+    assert ring.bytes_sent == pytest.approx(2 * (n - 1) / n * s)
+    assert ring.seconds == pytest.approx(2 * (n - 1) * (a + b * s / n))
+    naive = costmodel.predict("naive_all_reduce", s, n, a, b)
+    assert naive.bytes_sent == pytest.approx((n - 1) * s)
+    assert naive.seconds >= ring.seconds  # the ring never loses under this model
+    for name in ("ring_all_gather", "ring_reduce_scatter"):
+        cost = costmodel.predict(name, s, n, a, b)
+        assert (cost.steps, cost.bytes_sent) == (n - 1, pytest.approx((n - 1) / n * s))
+    tree = costmodel.predict("tree_broadcast", s, n, a, b)
+    assert tree.steps == (math.ceil(math.log2(n)) if n > 1 else 0)
+    assert tree.seconds == pytest.approx(tree.steps * (a + b * s))
+
+
+def test_predict_rejects_unknown_collectives_and_world_sizes() -> None:
+    with pytest.raises(ValueError, match="unknown collective 'allreduce'"):
+        costmodel.predict("allreduce", 1, 2)
+    with pytest.raises(ValueError, match="world_size must be a positive integer"):
+        costmodel.predict("ring_all_reduce", 1, 0)
+
+
+def test_bus_bandwidth_scales_by_the_ring_factor() -> None:
+    assert costmodel.bus_bandwidth(1e9, 4, 1.0) == pytest.approx(1.5e9)
+    assert costmodel.bus_bandwidth(1e9, 4, 2.0, "all_gather") == pytest.approx(3.75e8)
+
+
+@pytest.mark.parametrize("relative", [True, False])
+def test_fit_alpha_beta_recovers_the_parameters(relative: bool) -> None:
+    alpha, beta = 30e-6, 1 / 2e9  # 30 us latency, 2 GB/s
+    sizes = np.array([4.0**k * 1024 for k in range(9)])
+    noise = 1 + 0.01 * np.random.default_rng(0).standard_normal(sizes.size)
+    times = (alpha + beta * sizes) * noise
+    fit_a, fit_b = costmodel.fit_alpha_beta(sizes, times, relative=relative)
+    assert fit_b == pytest.approx(beta, rel=0.05)
+    if relative:  # only the relative fit sees the small messages that fix alpha
+        assert fit_a == pytest.approx(alpha, rel=0.1)
+    exact = costmodel.fit_alpha_beta(sizes, alpha + beta * sizes)
+    assert exact == (pytest.approx(alpha), pytest.approx(beta))
+    with pytest.raises(ValueError, match="at least two"):
+        costmodel.fit_alpha_beta([1.0], [1.0])
+
+
+def _measure() -> dict:
+    return costmodel.measure(
+        {"torch": dist.all_reduce, "ring": comm.ring_all_reduce}, [64, 4096], repeats=2
+    )
+
+
+def test_measure_times_each_size_and_agrees_across_ranks() -> None:
+    results = spawn(_measure, 2)
+    assert results[0] == results[1]  # the maximum over ranks, so every rank agrees
+    for times in results[0].values():
+        assert len(times) == 2 and all(0 < t < 5 for t in times)

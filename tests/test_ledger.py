@@ -1,0 +1,135 @@
+"""distcourse.ledger: bytes each rank sends, counted, and equal to the cost model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distcourse import comm, costmodel
+from distcourse.ledger import Ledger, Record
+from distcourse.runtime import spawn
+
+
+def _p2p_bytes(call) -> tuple[int, int]:
+    """Bytes this rank sends and receives point-to-point during `call()`."""
+    with Ledger() as ledger:
+        call()
+    return ledger.bytes_sent(), ledger.bytes_received()
+
+
+def _ring_bytes(numel: int) -> list[tuple]:
+    """Per group size N (2, 3, 4): (N, bytes sent, bytes received) by a ring all-reduce
+    of `numel` float32 on this rank, with check=False so only the ring is counted."""
+    rank, out = dist.get_rank(), []
+    for n in (2, 3, 4):
+        group = dist.new_group(list(range(n)))  # every rank must create every group
+        if rank < n:
+            x = torch.ones(numel)
+            sent, got = _p2p_bytes(
+                lambda x=x, g=group: comm.ring_all_reduce(x, group=g, check=False)
+            )
+            out.append((n, sent, got))
+    return out
+
+
+def _uneven_ring_bytes(numel: int, n: int, rank: int) -> int:
+    """Exact bytes a ring all-reduce sends from `rank`: the sizes of its N-1 + N-1
+    chunks, the first numel % N chunks one element longer."""
+    sizes = [len(c) for c in torch.tensor_split(torch.empty(numel), n)]
+    reduce_scatter = [sizes[(rank - s - 1) % n] for s in range(n - 1)]
+    all_gather = [sizes[(rank - s) % n] for s in range(n - 1)]
+    return 4 * (sum(reduce_scatter) + sum(all_gather))
+
+
+@pytest.mark.parametrize("numel", [1200, 1201])  # divisible by 2, 3, 4 / by none
+def test_ring_all_reduce_sends_what_the_cost_model_says(numel: int) -> None:
+    results = spawn(_ring_bytes, 4, numel)
+    for rank, per_n in enumerate(results):
+        for n, sent, got in per_n:
+            predicted = costmodel.predict("ring_all_reduce", 4 * numel, n).bytes_sent
+            if numel % n == 0:
+                assert sent == got == predicted == 2 * (n - 1) * 4 * numel // n
+            assert sent == _uneven_ring_bytes(numel, n, rank)
+    for n in (2, 3, 4):  # every byte one rank sends, another receives
+        rows = [row for per_n in results for row in per_n if row[0] == n]
+        assert sum(row[1] for row in rows) == sum(row[2] for row in rows)
+
+
+def _other_collectives() -> dict[str, int]:
+    n = dist.get_world_size()
+    x = torch.ones(8 * n)  # S = 32 * n bytes
+    sent = {}
+    sent["gather"], _ = _p2p_bytes(
+        lambda: comm.ring_all_gather(torch.empty(8 * n), x[:8], check=False)
+    )
+    sent["scatter"], _ = _p2p_bytes(
+        lambda: comm.ring_reduce_scatter(torch.empty(8), x, check=False)
+    )
+    sent["tree"], _ = _p2p_bytes(lambda: comm.tree_broadcast(x, 0, check=False))
+    sent["naive"], _ = _p2p_bytes(lambda: comm.naive_all_reduce(x, check=False))
+    return sent
+
+
+def test_gather_scatter_tree_and_naive_bytes_match_the_model() -> None:
+    n, size = 4, 32 * 4
+    results = spawn(_other_collectives, n)
+    for name, model in [
+        ("gather", "ring_all_gather"),
+        ("scatter", "ring_reduce_scatter"),
+    ]:
+        assert {r[name] for r in results} == {
+            costmodel.predict(model, size, n).bytes_sent
+        }
+    # the busiest rank is the root: it is the one the model prices
+    assert results[0]["tree"] == costmodel.predict("tree_broadcast", size, n).bytes_sent
+    assert (
+        results[0]["naive"] == costmodel.predict("naive_all_reduce", size, n).bytes_sent
+    )
+    assert [r["naive"] for r in results[1:]] == [size] * (n - 1)
+
+
+def _torch_calls() -> tuple[list[Record], str, list[int]]:
+    rank = dist.get_rank()
+    with Ledger() as ledger:
+        dist.all_reduce(torch.ones(4))
+        dist.broadcast(torch.ones(2, dtype=torch.float64), src=1)
+        ops = [
+            dist.P2POp(dist.isend, torch.ones(3), (rank + 1) % 2),
+            dist.P2POp(dist.irecv, torch.empty(3), (rank + 1) % 2),
+        ]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        comm.ring_all_reduce(torch.ones(6))  # check=True: one small all_gather
+    sent = [ledger.bytes_sent(op) for op in ("all_reduce", "broadcast", "all_gather")]
+    return ledger.records, ledger.summary(), sent
+
+
+def test_ledger_records_torch_calls_and_the_check() -> None:
+    for rank, (records, summary, sent) in enumerate(spawn(_torch_calls, 2)):
+        peer = 1 - rank
+        assert records[0] == Record("all_reduce", "collective", 16, None, 2)
+        assert records[1].op == "broadcast" and records[1].bytes == 16 * rank
+        assert records[2:4] == [
+            Record("batch_isend_irecv", "send", 12, peer, 2),
+            Record("batch_isend_irecv", "recv", 12, peer, 2),
+        ]
+        assert records[4].op == "all_gather" and sent[2] == records[4].bytes > 0
+        ring = [(r.op, r.kind) for r in records[5:]]  # reduce-scatter, all-gather
+        assert (
+            ring == [("batch_isend_irecv", "send"), ("batch_isend_irecv", "recv")] * 2
+        )
+        assert sent[:2] == [16, 16 * rank]
+        lines = [line.split() for line in summary.splitlines()]
+        assert ["batch_isend_irecv", "send", "3", "36"] in lines  # 1 by hand, 2 ring
+        assert lines[-2][:2] == ["total", "sent"]
+
+
+def test_ledger_restores_torch_on_exit_and_on_error() -> None:
+    original = dist.all_reduce, dist.isend, dist.P2POp, dist.batch_isend_irecv
+    with Ledger():
+        assert dist.all_reduce is not original[0]
+    assert (dist.all_reduce, dist.isend, dist.P2POp, dist.batch_isend_irecv) == original
+    with pytest.raises(KeyError), Ledger():
+        raise KeyError("boom")
+    assert (dist.all_reduce, dist.isend, dist.P2POp, dist.batch_isend_irecv) == original
