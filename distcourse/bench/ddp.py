@@ -1,0 +1,167 @@
+"""`python -m distcourse.bench ddp [--json] [--quick]`: our DDP against torch's.
+
+For each world size, one spawn trains three identical copies of `wide_mlp` in the same
+process group: torch's DistributedDataParallel, our `DDP`, and the naive
+`average_gradients` after backward. They take turns step by step, each round in the
+next of the six possible orders, so changes in machine load (and who runs after whom)
+hit all three alike. A step is forward + backward + optimizer step; we report the
+median over steps of the slowest rank's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from distcourse import models, runtime
+from distcourse.parallel.data import DDP, average_gradients
+
+IMPLEMENTATIONS = ("torch DDP", "ours (DDP)", "naive average")
+BUCKET_MB = 25.0  # torch's default cap; see the chapter for how the size was tuned
+
+
+@dataclass(frozen=True)
+class Config:
+    """Model size, per-rank batch, and how many steps to time."""
+
+    width: int
+    depth: int
+    d_in: int
+    batch: int
+    warmup: int
+    steps: int
+    worlds: tuple[int, ...] = (2, 4)
+
+
+FULL = Config(width=1024, depth=4, d_in=256, batch=32, warmup=5, steps=200)
+QUICK = Config(width=64, depth=3, d_in=32, batch=8, warmup=1, steps=3)
+
+
+def _make_step(
+    name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, bucket_mb: float
+) -> Callable[[], None]:
+    """One training step of `model` wrapped the way `name` says."""
+    net: nn.Module = model
+    if name == "torch DDP":
+        net = DistributedDataParallel(model)
+    elif name == "ours (DDP)":
+        net = DDP(model, bucket_cap_mb=bucket_mb)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        if name == "naive average":
+            average_gradients(model)
+        optimizer.step()
+
+    return step
+
+
+def _measure(cfg: Config, bucket_mb: float) -> list[list[float]]:
+    """On every rank: step times in seconds, [implementation][step], slowest rank's."""
+    runtime.seed_everything(0, per_rank=False)  # the same model on every rank
+    base = models.wide_mlp(width=cfg.width, depth=cfg.depth, d_in=cfg.d_in)
+    runtime.seed_everything(1)  # different data on every rank
+    x = torch.randn(cfg.batch, cfg.d_in)
+    y = torch.randint(0, 10, (cfg.batch,))
+    steps = [
+        _make_step(name, copy.deepcopy(base), x, y, bucket_mb)
+        for name in IMPLEMENTATIONS
+    ]
+    orders = list(itertools.permutations(range(len(steps))))
+    times = torch.zeros(len(steps), cfg.steps, dtype=torch.float64)
+    for i in range(cfg.warmup + cfg.steps):
+        for k in orders[i % len(orders)]:
+            dist.barrier()
+            start = time.perf_counter()
+            steps[k]()
+            if i >= cfg.warmup:
+                times[k, i - cfg.warmup] = time.perf_counter() - start
+    # a step lasts as long as its slowest rank
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return times.tolist()
+
+
+def run(cfg: Config, bucket_mb: float = BUCKET_MB) -> list[dict]:
+    """Time every implementation at every world size; one row per (ranks, name).
+
+    `vs_torch` is the median over steps of (this step time / torch DDP's step time in
+    the same round): the two ran back to back, so slow drifts in load cancel out.
+    """
+    rows = []
+    for world in cfg.worlds:
+        by_rank = runtime.spawn(_measure, world, cfg, bucket_mb, deadline=300)
+        times = torch.tensor(by_rank[0])  # [implementation, step], seconds
+        reference = times[IMPLEMENTATIONS.index("torch DDP")]
+        for name, mine in zip(IMPLEMENTATIONS, times, strict=True):
+            rows.append(
+                dict(
+                    ranks=world,
+                    implementation=name,
+                    step_ms=round(1000 * mine.median().item(), 3),
+                    vs_torch=round((mine / reference).median().item(), 3),
+                )
+            )
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows as an aligned text table."""
+    head = f"{'ranks':>5}  {'implementation':<15} {'step ms':>9}  {'vs torch DDP':>12}"
+    lines = [head]
+    for row in rows:
+        lines.append(
+            f"{row['ranks']:>5}  {row['implementation']:<15} {row['step_ms']:>9.2f}  "
+            f"{row['vs_torch']:>12.2f}"
+        )
+    return "\n".join(lines)
+
+
+def _ratio(rows: list[dict], name: str, ranks: int = 4) -> float:
+    row = next(r for r in rows if (r["ranks"], r["implementation"]) == (ranks, name))
+    return row["vs_torch"]
+
+
+def main(argv: list[str]) -> int:
+    """Parse options, run the benchmark, print a table (or one JSON object)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m distcourse.bench ddp",
+        description="Step time of our DDP vs torch DDP vs naive gradient averaging.",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="tiny model, few steps")
+    parser.add_argument("--bucket-mb", type=float, default=BUCKET_MB)
+    args = parser.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    rows = run(cfg, args.bucket_mb)
+    params = models.count_parameters(models.wide_mlp(cfg.width, cfg.depth, cfg.d_in))
+    ratio, naive = _ratio(rows, "ours (DDP)"), _ratio(rows, "naive average")
+    if args.json:
+        report = dict(
+            benchmark="ddp", ratio=ratio, naive_ratio=naive,
+            bucket_cap_mb=args.bucket_mb, parameters=params, config=asdict(cfg),
+            table=rows,
+        )  # fmt: skip
+        print(json.dumps(report))
+        return 0
+    print(
+        f"wide_mlp(width={cfg.width}, depth={cfg.depth}, d_in={cfg.d_in}): "
+        f"{params / 1e6:.2f} M parameters, batch {cfg.batch} per rank, "
+        f"median of {cfg.steps} steps after {cfg.warmup} warm-up, "
+        f"our buckets {args.bucket_mb:g} MB"
+    )
+    print(format_table(rows))
+    print(f"ours / torch DDP on 4 ranks: {ratio:.2f}; naive / torch DDP: {naive:.2f}")
+    return 0

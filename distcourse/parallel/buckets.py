@@ -1,0 +1,159 @@
+"""DDP's building blocks: gradient buckets, and checks that replicas start equal.
+
+Buckets let many small gradients travel as a few large messages. One all-reduce per
+parameter pays the per-message latency once per tensor; a single all-reduce of the
+whole model cannot start before backward ends. Buckets of a few megabytes sit in
+between: the first buckets travel while backward still computes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+Group = dist.ProcessGroup | None
+Named = list[tuple[str, nn.Parameter]]  # (name, parameter) pairs, in module order
+
+
+def assign_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[list[int]]:
+    """Group parameter indices into buckets of about `cap_bytes`, last parameter first.
+
+    Backward produces gradients from the last layer to the first, so filling buckets
+    in reverse parameter order lets bucket 0 fill (and travel) first. A bucket closes
+    once it holds `cap_bytes` or more, so a large parameter may overshoot the cap and a
+    tiny cap gives one parameter per bucket, as in torch's DDP. A bucket holds one
+    dtype and device only, because it is one flat tensor.
+    """
+    groups: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for i in reversed(range(len(params))):
+        param = params[i]
+        if current and not _same_kind(param, params[current[0]]):
+            groups.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += param.numel() * param.element_size()
+        if size >= cap_bytes:
+            groups.append(current)
+            current, size = [], 0
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _same_kind(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.device == b.device
+
+
+def _stamp(future: torch.futures.Future) -> float:
+    """Runs when an all-reduce completes: re-raise its error, else return the time."""
+    future.value()
+    return time.perf_counter()
+
+
+class Bucket:
+    """The gradients of a few parameters, packed in one flat buffer for one all-reduce.
+
+    Parameter `slot` of the bucket owns `buffer[offsets[slot]:offsets[slot + 1]]`.
+    `ready[slot]` turns True when its gradient has been copied in during backward.
+    """
+
+    def __init__(self, index: int, params: list[nn.Parameter]) -> None:
+        self.index = index
+        self.params = params
+        self.offsets = [0, *itertools.accumulate(p.numel() for p in params)]
+        dtype, device = params[0].dtype, params[0].device
+        self.buffer = torch.zeros(self.offsets[-1], dtype=dtype, device=device)
+        self.ready = [False] * len(params)
+        self.launched_at = 0.0  # time.perf_counter() when its all-reduce started
+        self.done: torch.futures.Future | None = None  # resolves to completion time
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
+    def view(self, slot: int) -> torch.Tensor:
+        """Parameter `slot`'s part of the buffer, shaped like the parameter."""
+        start, end = self.offsets[slot], self.offsets[slot + 1]
+        return self.buffer[start:end].view_as(self.params[slot])
+
+    def is_full(self) -> bool:
+        return all(self.ready)
+
+    def reset(self) -> None:
+        """Forget the last backward: no gradient is in, no all-reduce is in flight."""
+        self.ready = [False] * len(self.params)
+        self.done = None
+
+    def launch(self, group: Group) -> None:
+        """Start summing the buffer over the ranks; return at once (async_op=True)."""
+        self.launched_at = time.perf_counter()
+        work = dist.all_reduce(self.buffer, group=group, async_op=True)
+        self.done = work.get_future().then(_stamp)
+
+    def wait(self) -> float:
+        """Block until the all-reduce has completed; return when it completed."""
+        assert self.done is not None, "wait() before launch()"
+        return self.done.wait()
+
+
+# ------------------------------------------------------- equal replicas ---------
+
+
+def check_same_shapes(named: Named, group: Group) -> None:
+    """Raise ValueError on every rank unless all ranks wrap the same parameters.
+
+    All ranks gather every rank's (name, shape, dtype) list and compare the same data,
+    so they all raise together instead of hanging in mismatched collectives.
+    """
+    mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in named]
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    for rank, theirs in enumerate(everyone):
+        if theirs == everyone[0]:
+            continue
+        if len(theirs) != len(everyone[0]):
+            raise ValueError(
+                "DDP needs the same model on every rank: rank 0 has "
+                f"{len(everyone[0])} parameters, rank {rank} has {len(theirs)}"
+            )
+        for ours, other in zip(everyone[0], theirs, strict=True):
+            if ours != other:
+                raise ValueError(
+                    "DDP needs the same model on every rank: rank 0 has parameter "
+                    f"{ours[0]!r} {ours[1]} {ours[2]}, rank {rank} has {other[0]!r} "
+                    f"{other[1]} {other[2]}"
+                )
+
+
+def check_same_values(named: Named, group: Group) -> None:
+    """Raise ValueError on every rank if any parameter's value differs across ranks.
+
+    The elementwise min and max over ranks are equal only where all ranks agree, and
+    every rank receives the same min and max, so every rank decides alike.
+    """
+    with torch.no_grad():
+        flat = torch.cat([p.reshape(-1) for _, p in named])
+        low, high = flat.clone(), flat.clone()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+    differ = (low != high).split([p.numel() for _, p in named])  # per parameter
+    for (name, _), part in zip(named, differ, strict=True):
+        if part.any():
+            raise ValueError(
+                f"parameter {name!r} differs across ranks: seed every rank alike "
+                "before building the model, or pass check_equal=False to use rank 0's"
+            )
+
+
+def copy_from_rank0(module: nn.Module, group: Group) -> None:
+    """Broadcast rank 0's parameters and buffers, so every replica starts equal."""
+    with torch.no_grad():
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            dist.broadcast(tensor, group=group, group_src=0)

@@ -1,0 +1,275 @@
+"""Data parallelism: every rank holds the whole model and trains on its own data.
+
+The chapter's steps, simplest first: `average_gradients` all-reduces each gradient
+after backward (synchronous SGD by hand), `partition` gives each rank its share of the
+data, and `DDP` overlaps the all-reduce with backward by sending gradients in buckets
+as soon as they are ready, as torch's DistributedDataParallel does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import Dataset, Subset
+
+from distcourse import runtime
+from distcourse.parallel.buckets import (
+    Bucket,
+    Group,
+    assign_buckets,
+    check_same_shapes,
+    check_same_values,
+    copy_from_rank0,
+)
+
+
+def average_gradients(model: nn.Module, group: Group = None) -> None:
+    """Replace every gradient by its average over the ranks: synchronous SGD by hand.
+
+    One blocking all-reduce per parameter after backward, the baseline DDP improves
+    on. A parameter without a gradient on this rank takes part with zeros, so every
+    rank makes the same calls (none waits forever), and receives the average.
+    """
+    runtime.require_initialized()
+    world = dist.get_world_size(group)
+    for param in model.parameters():
+        if not param.requires_grad:
+            continue
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=group)
+        param.grad /= world
+
+
+def partition(
+    dataset: Dataset,
+    rank: int | None = None,
+    world_size: int | None = None,
+    shuffle_seed: int | None = None,
+) -> Subset:
+    """This rank's share of `dataset`: every world_size-th sample, starting at `rank`.
+
+    Strided shares mean N ranks with batch b see, step by step, the same samples as
+    one process with batch N*b. The last len % world_size samples are dropped so every
+    rank gets as many samples, hence as many steps: a rank that ran out early would
+    leave the others waiting in all-reduce. With `shuffle_seed` (the same on all ranks;
+    change it every epoch) the order is shuffled first; the shares stay disjoint.
+    Rank and world size default to this process's group.
+    """
+    if rank is None or world_size is None:
+        info = runtime.require_initialized()
+        rank = info.rank if rank is None else rank
+        world_size = info.world_size if world_size is None else world_size
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got {rank=} {world_size=}")
+    n = len(dataset)  # type: ignore[arg-type]
+    if n < world_size:
+        raise ValueError(f"{n} samples cannot be shared among {world_size} ranks")
+    if shuffle_seed is None:
+        order = torch.arange(n)
+    else:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(shuffle_seed))
+    used = n - n % world_size
+    return Subset(dataset, order[rank:used:world_size].tolist())
+
+
+@dataclass(frozen=True)
+class Event:
+    """One span on a rank's timeline; times are time.perf_counter() seconds."""
+
+    name: str
+    start: float
+    end: float
+
+
+class DDP(nn.Module):
+    """Distributed data parallel, from scratch: equal replicas, averaged gradients.
+
+    At construction every rank checks that all ranks wrap the same parameter shapes,
+    then copies rank 0's parameters and buffers. In backward, a hook on each parameter
+    copies its gradient into a bucket; a full bucket is all-reduced at once
+    (async_op=True) while backward computes the earlier layers. At the end of backward
+    a callback waits for the buckets and writes the averages into .grad, so a plain
+    `optimizer.step()` follows.
+
+    `bucket_cap_mb`: bucket size in megabytes (2**20 bytes). `find_unused_parameters`:
+    a parameter without a gradient in a backward is sent as zeros (and keeps grad None
+    if no rank had a gradient for it); without it, such a parameter raises a
+    RuntimeError naming it. `check_equal`: raise ValueError if the ranks' initial
+    values differ, instead of silently copying rank 0's. `broadcast_buffers`: copy rank
+    0's buffers (e.g. BatchNorm statistics) before every forward with grad enabled.
+    `timeline` holds the last step's Events: forward, backward, one per bucket
+    all-reduce (launch to completion), and the wait for communication after backward.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        bucket_cap_mb: float = 25.0,
+        find_unused_parameters: bool = False,
+        check_equal: bool = False,
+        broadcast_buffers: bool = True,
+        group: Group = None,
+    ) -> None:
+        super().__init__()
+        if not bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        runtime.require_initialized()
+        self.module = module
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.find_unused_parameters = find_unused_parameters
+        self.broadcast_buffers = broadcast_buffers
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        check_same_shapes(named, group)
+        if check_equal:
+            check_same_values(named, group)
+        copy_from_rank0(module, group)
+
+        self.names = {id(p): n for n, p in named}
+        params = [p for _, p in named]
+        groups = assign_buckets(params, int(bucket_cap_mb * 2**20))
+        self.buckets = [Bucket(i, [params[j] for j in g]) for i, g in enumerate(groups)]
+        for bucket in self.buckets:
+            for slot, param in enumerate(bucket.params):
+                param.register_post_accumulate_grad_hook(self._hook(bucket, slot))
+        self.timeline: list[Event] = []
+        self._sync = True  # False inside no_sync()
+        self._in_backward = False
+        self._next_bucket = 0  # buckets launch in index order, the same on every rank
+        self._backward_start: float | None = None
+
+    # ------------------------------------------------------------- forward ---------
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        self.timeline = []
+        if self.broadcast_buffers and torch.is_grad_enabled():
+            with torch.no_grad():
+                for buf in self.module.buffers():
+                    dist.broadcast(buf, group=self.group, group_src=0)
+        out = self.module(*args, **kwargs)
+        self.timeline.append(Event("forward", start, time.perf_counter()))
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(self._mark_backward_start)  # first thing backward does
+        return out
+
+    def _mark_backward_start(self, grad: torch.Tensor) -> None:
+        self._backward_start = time.perf_counter()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes in here accumulate gradients locally, without communication.
+
+        The next backward outside all-reduces the accumulated sums: k micro-batches
+        then cost one round of communication instead of k.
+        """
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    # ------------------------------------------------------------ backward ---------
+
+    def _hook(self, bucket: Bucket, slot: int) -> Any:
+        def on_grad_ready(param: torch.Tensor) -> None:
+            if not self._sync:
+                return  # no_sync(): the gradient just accumulates in param.grad
+            if not self._in_backward:
+                self._start_backward()
+            # Divide as we copy (one pass over memory); the all-reduce then sums
+            # averages, like torch's DDP.
+            torch.div(param.grad, self.world_size, out=bucket.view(slot))
+            bucket.ready[slot] = True
+            self._launch_full_buckets()
+
+        return on_grad_ready
+
+    def _start_backward(self) -> None:
+        """First gradient of a backward: reset buckets, queue finish() for its end."""
+        self._in_backward = True
+        self._next_bucket = 0
+        for bucket in self.buckets:
+            bucket.reset()
+        if self._backward_start is None:  # forward's output was not a tensor
+            self._backward_start = time.perf_counter()
+        torch.autograd.Variable._execution_engine.queue_callback(self.finish)
+
+    def _launch_full_buckets(self) -> None:
+        # Strictly in order: every rank must issue the same all-reduces in the same
+        # order, or rank 0's bucket 1 would be summed with rank 1's bucket 2.
+        while (
+            self._next_bucket < len(self.buckets)
+            and self.buckets[self._next_bucket].is_full()
+        ):
+            self.buckets[self._next_bucket].launch(self.group)
+            self._next_bucket += 1
+
+    def finish(self) -> None:
+        """Wait for every bucket's all-reduce and write the averages into .grad.
+
+        Runs by itself at the end of each synchronised backward (the first gradient
+        hook queues it on autograd's engine); calling it again does nothing.
+        """
+        if not self._in_backward:
+            return
+        self._in_backward = False
+        computed = time.perf_counter()
+        used_anywhere = self._handle_unused()
+        for bucket in self.buckets:
+            done = bucket.wait()
+            self.timeline.append(
+                Event(f"all_reduce {bucket.index}", bucket.launched_at, done)
+            )
+            for slot, param in enumerate(bucket.params):
+                if param.grad is not None:
+                    param.grad.copy_(bucket.view(slot))
+                elif used_anywhere is None or used_anywhere[id(param)]:
+                    param.grad = bucket.view(slot).clone()
+        start = self._backward_start or computed
+        self.timeline.append(Event("backward", start, computed))
+        self.timeline.append(Event("wait", computed, time.perf_counter()))
+        self._backward_start = None
+
+    def _handle_unused(self) -> dict[int, bool] | None:
+        """Deal with parameters that got no gradient in this backward.
+
+        Without find_unused_parameters: RuntimeError naming them (all ranks agree,
+        since they run the same model). With it: they contribute the gradient they
+        have (accumulated under no_sync) or zeros; returns, per parameter, whether any
+        rank had a gradient, so that parameters unused everywhere keep grad None.
+        """
+        missing = [
+            (bucket, slot)
+            for bucket in self.buckets
+            for slot, ready in enumerate(bucket.ready)
+            if not ready
+        ]
+        if not self.find_unused_parameters:
+            if missing:
+                names = ", ".join(self.names[id(b.params[s])] for b, s in missing)
+                raise RuntimeError(
+                    f"DDP: parameters without a gradient in this backward: {names}. "
+                    "Use them in forward, or pass find_unused_parameters=True to DDP."
+                )
+            return None
+        for bucket, slot in missing:
+            grad = bucket.params[slot].grad
+            if grad is None:
+                bucket.view(slot).zero_()
+            else:
+                torch.div(grad, self.world_size, out=bucket.view(slot))
+            bucket.ready[slot] = True
+        self._launch_full_buckets()  # first: every rank must launch them before ...
+        params = [p for b in self.buckets for p in b.params]
+        has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
+        dist.all_reduce(has_grad, group=self.group)  # ... this, in the same order
+        return {id(p): bool(n) for p, n in zip(params, has_grad.tolist(), strict=True)}
