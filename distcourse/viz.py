@@ -91,3 +91,90 @@ def cost_plot(
     fig.tight_layout()
     plt.close(fig)
     return fig
+
+
+# ------------------------------------------------------ data-parallel timelines ----
+
+_COMPUTE = ("forward", "backward", "wait")  # drawn on one row: what the rank does
+_KIND_COLORS = {"forward": "C0", "backward": "C2", "wait": "C3", "all_reduce": "C1"}
+
+
+def _span(event: object) -> tuple[str, float, float]:
+    """(name, start, end) of an Event-like object or a (name, start, end) tuple."""
+    if isinstance(event, tuple):
+        name, start, end = event
+        return str(name), float(start), float(end)
+    return str(event.name), float(event.start), float(event.end)  # type: ignore[attr-defined]
+
+
+def timeline(events: Sequence[object], title: str = "") -> Figure:
+    """One rank's step as bars in ms: compute on top, then each bucket's all-reduce.
+
+    `events` are `Event(name, start, end)`s (e.g. `DDP.timeline`) or tuples, with
+    time.perf_counter() seconds; an all-reduce's bar runs from launch to completion.
+    Forward, backward and the final wait share the top row; a dotted line marks the
+    end of backward, so bars that start left of it are communication overlapped with
+    computation.
+    """
+    spans = [_span(e) for e in events]
+    t0 = min((start for _, start, _ in spans), default=0.0)
+    rows = ["compute"] + sorted(
+        dict.fromkeys(n for n, _, _ in spans if n not in _COMPUTE),
+        key=lambda n: min(s for m, s, _ in spans if m == n),
+    )
+    colors = dict(_KIND_COLORS)
+    for name, _, _ in spans:  # kinds beyond the usual four get the next colours
+        colors.setdefault(name.split()[0], f"C{len(colors)}")
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    labelled: set[str] = set()
+    order = {kind: i for i, kind in enumerate(colors)}  # legend: forward first
+    for name, start, end in sorted(spans, key=lambda s: order[s[0].split()[0]]):
+        kind = name.split()[0]
+        row = rows.index("compute" if name in _COMPUTE else name)
+        ax.barh(
+            row, 1e3 * (end - start), left=1e3 * (start - t0), height=0.6,
+            color=colors[kind], label=None if kind in labelled else kind,
+        )  # fmt: skip
+        labelled.add(kind)
+        if name == "backward":
+            ax.axvline(1e3 * (end - t0), color="k", linestyle=":", linewidth=1)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(rows)
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # compute on top, bucket 0 below it
+    ax.set_xlabel("time since the step started (ms)")
+    ax.grid(True, axis="x", alpha=0.3)
+    if spans:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+def bucket_sweep(
+    caps_mb: Sequence[float],
+    seconds: dict[str, Sequence[float]],
+    reference: dict[str, float] | None = None,
+    title: str = "",
+) -> Figure:
+    """Step time (ms) against bucket size (MB, log scale), one line per series.
+
+    `reference` draws a dashed horizontal line per entry, for an implementation with
+    no bucket size to vary (e.g. one all-reduce per parameter after backward).
+    """
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, times in seconds.items():
+        ax.semilogx(caps_mb, [1e3 * t for t in times], "o-", label=name)
+    for i, (name, value) in enumerate((reference or {}).items()):
+        ax.axhline(1e3 * value, color=f"C{i + len(seconds)}", ls="--", label=name)
+    ax.set_xlabel("bucket size (MB)")
+    ax.set_ylabel("step time (ms)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig

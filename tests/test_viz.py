@@ -6,6 +6,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -37,3 +38,37 @@ def test_cost_plot_is_log_log_with_a_line_per_series() -> None:
     assert isinstance(fig, Figure) and ax.get_xscale() == ax.get_yscale() == "log"
     dots, line = ax.get_lines()
     assert dots.get_color() == line.get_color()  # one colour per algorithm
+
+
+def test_timeline_puts_compute_on_top_and_one_row_per_bucket() -> None:
+    from distcourse.parallel.data import Event
+
+    events = [
+        Event("forward", 10.000, 10.001),
+        Event("all_reduce 0", 10.002, 10.004),
+        Event("all_reduce 1", 10.0025, 10.005),
+        Event("backward", 10.0015, 10.003),
+        ("wait", 10.003, 10.005),  # tuples work too
+    ]
+    fig = viz.timeline(events, "one step")
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == ["compute", "all_reduce 0", "all_reduce 1"]
+    bars = sorted((round(p.get_x(), 6), round(p.get_width(), 6)) for p in ax.patches)
+    assert bars == [(0.0, 1.0), (1.5, 1.5), (2.0, 2.0), (2.5, 2.5), (3.0, 2.0)]
+    assert ax.yaxis_inverted()  # compute on top
+    (line,) = ax.get_lines()  # end of backward
+    assert line.get_xdata()[0] == pytest.approx(3.0)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["forward", "backward", "wait", "all_reduce"]  # fixed order
+
+
+def test_bucket_sweep_draws_ms_on_a_log_axis_with_reference_lines() -> None:
+    fig = viz.bucket_sweep(
+        [0.01, 0.1, 1.0], {"ours": [0.003, 0.002, 0.004]}, {"naive": 0.005}
+    )
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "linear"
+    ours, naive = ax.get_lines()
+    assert list(ours.get_ydata()) == [3.0, 2.0, 4.0]
+    assert naive.get_ydata()[0] == 5.0
