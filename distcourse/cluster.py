@@ -125,14 +125,16 @@ _current: Ranks | None = None
 
 def _engine_init(
     rank: int, world_size: int, port: int, backend: str | None, timeout: float,
-    path: list[str],
+    debug: bool, path: list[str],
 ) -> dict[str, Any]:  # fmt: skip
     """Runs on each engine: see the kernel's modules, join the group via its store."""
     sys.path.extend(p for p in path if p not in sys.path)
     store = runtime.make_store(
         rank, world_size, "127.0.0.1", port, timeout, serve=False
     )
-    info = runtime.init(rank, world_size, store=store, backend=backend, timeout=timeout)
+    info = runtime.init(
+        rank, world_size, store=store, backend=backend, timeout=timeout, debug=debug
+    )
     return {"backend": info.backend, "device": str(info.device)}
 
 
@@ -159,12 +161,14 @@ def start(
     *,
     backend: str | None = None,
     timeout: float = runtime.DEFAULT_TIMEOUT,
+    debug: bool = False,
     activate: bool = True,
 ) -> Ranks:
     """Start `n` ranks as ipyparallel engines and initialise a process group on each.
 
     Any ranks this kernel started before are stopped first, so re-running a notebook
-    from the top works. `timeout` bounds every collective on the new group.
+    from the top works. `timeout` bounds every collective on the new group; `debug`
+    checks every collective and names the ranks that did not arrive (runtime.init).
     """
     global _current
     n = default_ranks() if n is None else n
@@ -179,7 +183,7 @@ def start(
         "127.0.0.1", 0, n + 1, is_master=True,
         timeout=runtime._seconds(timeout), wait_for_workers=False,
     )  # fmt: skip
-    cluster = _make_cluster(n)
+    cluster = _make_cluster(n, debug)
     cluster.start_cluster_sync()
     client = cluster.connect_client_sync()
     client.wait_for_engines(n, timeout=120, interactive=False)
@@ -191,7 +195,7 @@ def start(
     view.block = True
     asyncs = [
         client[r].apply_async(
-            _engine_init, r, n, store.port, backend, timeout, sys.path
+            _engine_init, r, n, store.port, backend, timeout, debug, sys.path
         )
         for r in ids
     ]
@@ -217,7 +221,7 @@ rank, world_size, device, backend = (
 """
 
 
-def _make_cluster(n: int) -> ipp.Cluster:
+def _make_cluster(n: int, debug: bool = False) -> ipp.Cluster:
     kernel = str(os.getpid())
     entry = [sys.executable, "-m", "distcourse._ipp"]
     cluster = ipp.Cluster(
@@ -238,6 +242,12 @@ def _make_cluster(n: int) -> ipp.Cluster:
     ]
     cluster.config.MPIEngineSetLauncher.mpi_cmd = [*entry, "engines", kernel]
     cluster.config.EngineLauncher.engine_args = _ENGINE_ARGS
+    if debug:
+        # A debug group raises what it finds, naming the ranks. torch's C++ logger
+        # prints each error again on the engine's stderr, timestamped, and the engine
+        # forwards such low-level output late, into whichever cell runs then.
+        level = os.environ.get("TORCH_CPP_LOG_LEVEL", "FATAL")
+        cluster.config.MPIEngineSetLauncher.environment = {"TORCH_CPP_LOG_LEVEL": level}
     return cluster
 
 

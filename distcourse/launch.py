@@ -56,6 +56,7 @@ def _child(
             init(
                 rank, world_size, store=store,
                 backend=options["backend"], timeout=options["timeout"],
+                debug=options["debug"],
             )  # fmt: skip
         result = fn(*args, **kwargs)
         reply = ("ok", pickle.dumps(result))
@@ -84,6 +85,7 @@ def spawn(
     timeout: float = DEFAULT_TIMEOUT,
     deadline: float | None = None,
     init_group: bool = True,
+    debug: bool = False,
     **kwargs: Any,
 ) -> list[Any]:
     """Run `fn(*args, **kwargs)` on `world_size` local ranks; return results by rank.
@@ -92,7 +94,8 @@ def spawn(
     collective `timeout`. If any rank raises or dies, the others are stopped at once
     and RankError names the first failing rank. The whole call ends within `deadline`
     seconds (default: 2 x timeout + 30), and no child outlives it. `fn` may be a
-    lambda or a notebook function: it travels by cloudpickle.
+    lambda or a notebook function: it travels by cloudpickle. `debug` as in
+    `runtime.init`.
     """
     from multiprocessing.connection import wait
 
@@ -105,7 +108,7 @@ def spawn(
     ctx = _context()
     payload = cloudpickle.dumps((fn, args, kwargs))
     port = _free_port() if init_group else 0
-    options = dict(backend=backend, timeout=timeout, init=init_group)
+    options = dict(backend=backend, timeout=timeout, init=init_group, debug=debug)
     procs, conns = [], {}
     try:
         for rank in range(world_size):

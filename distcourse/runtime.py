@@ -155,12 +155,18 @@ def init(
     local_rank: int | None = None,
     local_world_size: int | None = None,
     threads: int | None = 1,
+    debug: bool = False,
 ) -> RankInfo:
     """Join a process group as `rank` of `world_size`; return this rank's RankInfo.
 
     Pass a `store` (e.g. one served by the notebook kernel), or let rank 0 serve one on
     `host:port`. Every collective in this group fails after `timeout` seconds instead of
     waiting forever. `threads` caps intra-op threads so N CPU ranks share the cores.
+    `debug=True` gives this group PyTorch's DETAIL checks (as TORCH_DISTRIBUTED_DEBUG,
+    which torch reads only at import): all ranks meet at a monitored barrier before
+    each collective and compare calls, so a rank that skips one is named ("Ranks 1, 2
+    failed to pass monitoredBarrier") and mismatches are reported. A barrier per
+    collective: for finding bugs, not for speed.
     """
     global _info
     _check_rank(rank, world_size)
@@ -178,14 +184,20 @@ def init(
         torch.cuda.set_device(device)
     elif threads:
         torch.set_num_threads(threads)
-    dist.init_process_group(
-        backend,
-        store=store,
-        rank=rank,
-        world_size=world_size,
-        timeout=_seconds(timeout),
-        device_id=device if device.type == "cuda" else None,
-    )
+    previous = dist.get_debug_level()
+    if debug:  # the level is read when the group is created; restored after
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
+    try:
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=_seconds(timeout),
+            device_id=device if device.type == "cuda" else None,
+        )
+    finally:
+        dist.set_debug_level(previous)
     _info = RankInfo(rank, world_size, local_rank, backend, device)
     return _info
 

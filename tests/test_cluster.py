@@ -124,3 +124,54 @@ def test_a_px_cell_that_raises_names_the_rank(tmp_path) -> None:
     assert "[1:execute]" in message
     assert "ValueError: bad input on rank 1" in message
     assert "[0:execute]" not in message
+
+
+def _all_reduce_on_rank_zero_only(wait: float = 0.0) -> None:
+    """The classic bug: rank 0 calls a collective that the other ranks skip. Rank 0's
+    error carries what its process wrote meanwhile to file descriptor 2, where torch's
+    C++ logger writes."""
+    import os
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() != 0:
+        time.sleep(wait)  # spawned ranks must outwait the timeout: exiting ends it
+        return
+    with tempfile.TemporaryFile() as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            dist.all_reduce(torch.ones(1))
+        except RuntimeError as err:
+            log.seek(0)
+            raise RuntimeError(f"{err} | fd 2: {log.read().decode()!r}") from None
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+MISSING = "[Rank 0]: Ranks 1 failed to pass monitoredBarrier in 2000 ms"
+
+
+def test_debug_ranks_name_the_rank_that_skipped_a_collective() -> None:
+    """debug=True: the error names the missing rank, and torch's C++ logger, which
+    prints it again with a timestamp, stays quiet (its lines reach a cell late)."""
+    ranks = cluster.start(2, timeout=2, debug=True, activate=False)
+    try:
+        start = time.monotonic()
+        with pytest.raises(runtime.RankError) as err:
+            ranks.run(_all_reduce_on_rank_zero_only)
+        assert time.monotonic() - start < 15
+    finally:
+        ranks.stop()
+    assert str(err.value) == f"rank 0 failed: RuntimeError: {MISSING} | fd 2: ''"
+
+
+def test_the_cpp_logger_prints_debug_errors_by_default() -> None:
+    """The control for the test above: outside notebook ranks the logger does print."""
+    with pytest.raises(runtime.RankError) as err:
+        runtime.spawn(_all_reduce_on_rank_zero_only, 2, 3.0, debug=True, timeout=2)
+    assert MISSING in str(err.value)
+    assert "Rank 1 failed to pass monitoredBarrier" in str(err.value).split("fd 2:")[1]

@@ -199,3 +199,43 @@ def test_no_rank_processes_remain_after_the_tests() -> None:
     ]
     time.sleep(0.2)
     assert not [c for c in forkserver_children if c.is_running()]
+
+
+def _skip_on_all_but_rank_zero(wait: float) -> str:
+    """The classic bug: only rank 0 calls all_reduce. The others outwait the timeout
+    (exiting would close their connections and end rank 0's wait early)."""
+    if dist.get_rank() != 0:
+        time.sleep(wait)
+        return str(dist.get_debug_level())
+    try:
+        dist.all_reduce(torch.ones(1))
+    except RuntimeError as err:
+        return str(err)
+    raise AssertionError("a collective on one rank only did not fail")
+
+
+def test_debug_names_the_ranks_that_skipped_a_collective() -> None:
+    start = time.monotonic()
+    zero, *others = spawn(_skip_on_all_but_rank_zero, 4, 3.0, debug=True, timeout=2)
+    assert "Ranks 1, 2, 3 failed to pass monitoredBarrier in 2000 ms" in zero
+    assert time.monotonic() - start < 15
+    assert others == ["DebugLevel.OFF"] * 3  # the level is back once the group exists
+
+
+def test_without_debug_the_timeout_names_no_rank() -> None:
+    zero, _ = spawn(_skip_on_all_but_rank_zero, 2, 3.0, timeout=2)
+    assert "Timed out" in zero and "monitoredBarrier" not in zero
+
+
+def _mismatched_shapes() -> str:
+    try:
+        dist.all_reduce(torch.ones(dist.get_rank() + 1))
+    except RuntimeError as err:
+        return str(err)
+    raise AssertionError("mismatched all_reduce shapes did not fail")
+
+
+def test_debug_reports_mismatched_collectives() -> None:
+    zero, one = spawn(_mismatched_shapes, 2, debug=True, timeout=5)
+    assert "Detected mismatch between collectives" in zero
+    assert "Tensor shapes: 1vs 2" in zero and "Tensor shapes: 2vs 1" in one
