@@ -64,6 +64,15 @@ def rank_tensors(
     return fig
 
 
+def _finish(fig: Figure, ax: plt.Axes, title: str) -> Figure:
+    """Title, tight layout, and close: the caller displays the returned figure."""
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    plt.close(fig)  # pyplot must not show it a second time
+    return fig
+
+
 def cost_plot(
     sizes: Sequence[float],
     measured: dict[str, Sequence[float]],
@@ -86,11 +95,7 @@ def cost_plot(
     ax.set_ylabel("time (s)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    plt.close(fig)
-    return fig
+    return _finish(fig, ax, title)
 
 
 # ------------------------------------------------------ data-parallel timelines ----
@@ -145,11 +150,7 @@ def timeline(events: Sequence[object], title: str = "") -> Figure:
     ax.grid(True, axis="x", alpha=0.3)
     if spans:
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    plt.close(fig)
-    return fig
+    return _finish(fig, ax, title)
 
 
 def bucket_sweep(
@@ -173,8 +174,4 @@ def bucket_sweep(
     ax.set_ylim(bottom=0)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    plt.close(fig)
-    return fig
+    return _finish(fig, ax, title)
