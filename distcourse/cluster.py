@@ -56,10 +56,6 @@ class _ForkingEngines(MPIEngineSetLauncher):
         return self.cluster_args + self.engine_args
 
 
-class _WatchedController(LocalControllerLauncher):
-    """The ipyparallel controller, with a watchdog on the notebook kernel."""
-
-
 @dataclass
 class Ranks:
     """A running set of notebook ranks: the engines, their client and `%%px` view."""
@@ -228,26 +224,23 @@ def _make_cluster(n: int, debug: bool = False) -> ipp.Cluster:
         n=n,
         cluster_id=f"distcourse-{uuid.uuid4().hex[:8]}",
         log_level=logging.ERROR,
-        controller_launcher_class=_WatchedController,
+        controller_launcher_class=LocalControllerLauncher,
         engine_launcher_class=_ForkingEngines,
         controller_args=_CONTROLLER_ARGS,
         # engines find the controller's file themselves, so they can import torch
         # while the controller starts, instead of after it
         send_engines_connection_env=False,
     )
-    cluster.config.LocalControllerLauncher.controller_cmd = [
-        *entry,
-        "controller",
-        kernel,
-    ]
-    cluster.config.MPIEngineSetLauncher.mpi_cmd = [*entry, "engines", kernel]
-    cluster.config.EngineLauncher.engine_args = _ENGINE_ARGS
+    config = cluster.config  # both run under a watchdog on this kernel: see _ipp
+    config.LocalControllerLauncher.controller_cmd = [*entry, "controller", kernel]
+    config.MPIEngineSetLauncher.mpi_cmd = [*entry, "engines", kernel]
+    config.EngineLauncher.engine_args = _ENGINE_ARGS
     if debug:
         # A debug group raises what it finds, naming the ranks. torch's C++ logger
         # prints each error again on the engine's stderr, timestamped, and the engine
         # forwards such low-level output late, into whichever cell runs then.
         level = os.environ.get("TORCH_CPP_LOG_LEVEL", "FATAL")
-        cluster.config.MPIEngineSetLauncher.environment = {"TORCH_CPP_LOG_LEVEL": level}
+        config.MPIEngineSetLauncher.environment = {"TORCH_CPP_LOG_LEVEL": level}
     return cluster
 
 
