@@ -171,6 +171,7 @@ def start(
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"number of ranks must be a positive integer, got {n!r}")
     runtime._seconds(timeout)
+    runtime.pick_backend(0, n, backend)  # a bad backend fails here, not on n engines
     if _current is not None:
         _current.stop()
     t0 = time.perf_counter()
@@ -180,10 +181,29 @@ def start(
         timeout=runtime._seconds(timeout), wait_for_workers=False,
     )  # fmt: skip
     cluster = _make_cluster(n, debug)
+    try:
+        client, view, infos, t1 = _connect(cluster, n, store, backend, timeout, debug)
+    except BaseException:
+        cluster.stop_cluster_sync()  # a half-started set of ranks must not linger
+        raise
+    t2 = time.perf_counter()
+    ranks = Ranks(cluster, client, view, n, infos[0]["backend"], store)
+    ranks.timings = {"engines": t1 - t0, "process group": t2 - t1, "total": t2 - t0}
+    _current = ranks
+    if activate:
+        _activate(view)
+    return ranks
+
+
+def _connect(
+    cluster: ipp.Cluster, n: int, store: Any, backend: str | None, timeout: float,
+    debug: bool,
+) -> tuple[ipp.Client, ipp.DirectView, list[dict], float]:  # fmt: skip
+    """Start the engines, wait for all n, join each to the group as rank = engine id."""
     cluster.start_cluster_sync()
     client = cluster.connect_client_sync()
     client.wait_for_engines(n, timeout=120, interactive=False)
-    t1 = time.perf_counter()
+    ready = time.perf_counter()
     ids = sorted(client.ids)
     if ids != list(range(n)):
         raise RuntimeError(f"expected engines 0..{n - 1}, got {ids}")
@@ -197,13 +217,7 @@ def start(
     ]
     infos = [a.get(timeout=timeout + 10) for a in asyncs]
     view.execute(_NAMESPACE)
-    t2 = time.perf_counter()
-    ranks = Ranks(cluster, client, view, n, infos[0]["backend"], store)
-    ranks.timings = {"engines": t1 - t0, "process group": t2 - t1, "total": t2 - t0}
-    _current = ranks
-    if activate:
-        _activate(view)
-    return ranks
+    return client, view, infos, ready
 
 
 # names every %%px cell can use

@@ -40,6 +40,14 @@ def test_start_rejects_bad_rank_counts(bad: object) -> None:
         cluster.start(bad)  # type: ignore[arg-type]
 
 
+def test_start_rejects_a_bad_backend_before_starting_anything() -> None:
+    with pytest.raises(ValueError, match="unknown backend"):
+        cluster.start(2, backend="mpi")
+    if not runtime.gpu_count():
+        with pytest.raises(ValueError, match="NCCL needs one GPU per rank"):
+            cluster.start(2, backend="nccl")
+
+
 def _ranks_and_sum() -> tuple[int, int, float]:
     import torch
     import torch.distributed as dist
