@@ -24,7 +24,6 @@ from typing import Any
 
 import cloudpickle
 import ipyparallel as ipp
-import torch.distributed as dist
 from ipyparallel.cluster.launcher import LocalControllerLauncher, MPIEngineSetLauncher
 
 from distcourse import runtime
@@ -175,11 +174,7 @@ def start(
     if _current is not None:
         _current.stop()
     t0 = time.perf_counter()
-    # the kernel serves the rendezvous; port 0 lets the OS choose a free port
-    store = dist.TCPStore(
-        "127.0.0.1", 0, n + 1, is_master=True,
-        timeout=runtime._seconds(timeout), wait_for_workers=False,
-    )  # fmt: skip
+    store = runtime.serve_store(n, timeout)  # the kernel serves the rendezvous
     cluster = _make_cluster(n, debug)
     try:
         client, view, infos, t1 = _connect(cluster, n, store, backend, timeout, debug)

@@ -22,6 +22,7 @@ from distcourse.runtime import (
     _seconds,
     init,
     make_store,
+    serve_store,
     shutdown,
     watch_parent,
 )
@@ -52,7 +53,9 @@ def _child(
     try:
         fn, args, kwargs = cloudpickle.loads(payload)
         if options["init"]:
-            store = make_store(rank, world_size, _HOST, port, options["timeout"])
+            store = make_store(
+                rank, world_size, _HOST, port, options["timeout"], serve=False
+            )
             init(
                 rank, world_size, store=store,
                 backend=options["backend"], timeout=options["timeout"],
@@ -67,14 +70,6 @@ def _child(
     if reply[0] == "ok":
         shutdown()
     os._exit(0 if reply[0] == "ok" else 1)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((_HOST, 0))
-        return sock.getsockname()[1]
 
 
 def spawn(
@@ -107,7 +102,8 @@ def spawn(
     deadline = 2 * timeout + 30 if deadline is None else deadline
     ctx = _context()
     payload = cloudpickle.dumps((fn, args, kwargs))
-    port = _free_port() if init_group else 0
+    store = serve_store(world_size, timeout) if init_group else None  # held till done
+    port = store.port if store is not None else 0
     options = dict(backend=backend, timeout=timeout, init=init_group, debug=debug)
     procs, conns = [], {}
     try:

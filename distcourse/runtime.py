@@ -143,6 +143,18 @@ def make_store(
         ) from err
 
 
+def serve_store(world_size: int, timeout: float = DEFAULT_TIMEOUT) -> dist.TCPStore:
+    """A rendezvous store served by this process on a port the OS picks (no race).
+
+    The launcher (a notebook kernel, `spawn`) keeps it while its `world_size` ranks
+    connect with `make_store(..., port=store.port, serve=False)`.
+    """
+    return dist.TCPStore(
+        _HOST, 0, world_size + 1, is_master=True,
+        timeout=_seconds(timeout), wait_for_workers=False,
+    )  # fmt: skip
+
+
 def init(
     rank: int,
     world_size: int,
