@@ -192,6 +192,17 @@ def init(
     backend, device = pick_backend(local_rank, local_world_size, backend)
     if store is None:
         store = make_store(rank, world_size, host, port, timeout)
+    _join(backend, device, timeout, threads, debug, store=store, rank=rank,
+          world_size=world_size)  # fmt: skip
+    _info = RankInfo(rank, world_size, local_rank, backend, device)
+    return _info
+
+
+def _join(
+    backend: str, device: torch.device, timeout: float, threads: int | None,
+    debug: bool, **rendezvous: Any,
+) -> None:  # fmt: skip
+    """Bind this rank to its device and create the default group (init's last step)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
     elif threads:
@@ -202,16 +213,12 @@ def init(
     try:
         dist.init_process_group(
             backend,
-            store=store,
-            rank=rank,
-            world_size=world_size,
             timeout=_seconds(timeout),
             device_id=device if device.type == "cuda" else None,
+            **rendezvous,
         )
     finally:
         dist.set_debug_level(previous)
-    _info = RankInfo(rank, world_size, local_rank, backend, device)
-    return _info
 
 
 def init_from_env(
@@ -228,15 +235,7 @@ def init_from_env(
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     backend, device = pick_backend(local_rank, local_world, backend)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(1)
-    dist.init_process_group(
-        backend,
-        timeout=_seconds(timeout),
-        device_id=device if device.type == "cuda" else None,
-    )
+    _join(backend, device, timeout, threads=1, debug=False)  # env:// rendezvous
     _info = RankInfo(rank, world, local_rank, backend, device)
     return _info
 
