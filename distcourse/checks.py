@@ -6,6 +6,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from distcourse import runtime
+
 
 def flat_parameters(model: nn.Module) -> torch.Tensor:
     """All parameters of `model` as one detached 1-D tensor."""
@@ -23,3 +25,25 @@ def same_on_all_ranks(model: nn.Module) -> bool:
 def max_difference(a: nn.Module, b: nn.Module) -> float:
     """Largest absolute difference between corresponding parameters of two models."""
     return (flat_parameters(a) - flat_parameters(b)).abs().max().item()
+
+
+def max_over_ranks(value: float) -> float:
+    """The largest `value` any rank holds (a collective: every rank calls it)."""
+    worst = torch.tensor([float(value)], dtype=torch.float64, device=runtime.device())
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return worst.item()
+
+
+def verdict(difference: float, tolerance: float) -> str:
+    """A comparison as text that is the same on every machine: '<= 1e-06: PASS'.
+
+    A difference below the tolerance is rounding noise, and its low bits depend on
+    the processor (ATen's kernels sum in AVX-512 or AVX2 lanes), the thread count and
+    the reduction order: printing it would make the stored output machine-dependent.
+    So a PASS shows only the tolerance; a FAIL shows the offending value too.
+    """
+    if not tolerance > 0:
+        raise ValueError(f"tolerance must be positive, got {tolerance}")
+    if difference <= tolerance:
+        return f"<= {tolerance:.0e}: PASS"
+    return f"= {difference:.1e} > {tolerance:.0e}: FAIL"

@@ -1,0 +1,32 @@
+"""The verdicts the chapters print: stable text, and comparisons across real ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distcourse import checks, models, runtime
+
+
+def test_a_pass_hides_the_noise_and_a_fail_shows_the_value() -> None:
+    assert checks.verdict(0.0, 1e-6) == "<= 1e-06: PASS"
+    assert checks.verdict(8.9e-8, 1e-6) == checks.verdict(2.4e-7, 1e-6)
+    assert checks.verdict(3.2e-4, 1e-6) == "= 3.2e-04 > 1e-06: FAIL"
+    with pytest.raises(ValueError, match="tolerance must be positive"):
+        checks.verdict(0.0, 0)
+
+
+def _rank_values() -> tuple[float, bool, float]:
+    rank = runtime.require_initialized().rank
+    worst = checks.max_over_ranks(0.5 * rank)
+    torch.manual_seed(0)
+    model = models.toy_mlp()
+    same = checks.same_on_all_ranks(model)
+    with torch.no_grad():
+        model[0].bias[0] += rank  # rank 0 keeps its weights; the others move theirs
+    return worst, same, checks.same_on_all_ranks(model)
+
+
+def test_max_over_ranks_and_same_on_all_ranks_on_three_ranks() -> None:
+    results = runtime.spawn(_rank_values, 3, timeout=10)
+    assert results == [(1.0, True, False)] * 3
