@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from distcourse import envcheck
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -38,6 +40,9 @@ def test_self_check_reports_the_machine_and_runs_an_all_reduce() -> None:
     done = _run("-m", "distcourse", "check")
     assert done.returncode == 0, done.stderr
     assert f"torch      {__import__('torch').__version__}" in done.stdout
+    for name in envcheck.KEY_PACKAGES:  # each key version beside the locked one
+        assert f"\n  {name} " in done.stdout
+    assert f"installed      {envcheck.LOCK_NAME}\n" in done.stdout
     assert "all_reduce of rank+1 on 2 ranks: [3.0, 3.0]" in done.stdout
     assert done.stdout.rstrip().endswith("OK")
 
