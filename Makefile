@@ -34,7 +34,8 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 
 # Re-resolve every dependency to the newest allowed by pyproject.toml and TORCH_SPEC,
 # in a new venv with no constraints, from the default index (so the lock has the CUDA
-# build's nvidia-* pins too; TORCH_INDEX is not used), and write its `pip freeze`.
+# build's nvidia-* pins too; TORCH_INDEX is not used), write its `pip freeze`, and pin
+# environment.yml's pip list to it.
 # After it: re-execute the notebooks and check them (README, "Locked versions").
 LOCK_VENV ?= _build/lock-venv
 lock:
@@ -58,6 +59,7 @@ lock:
 	  p.machine())' >>$(LOCK).new
 	$(LOCK_VENV)/bin/python -m pip freeze --all --exclude-editable >>$(LOCK).new
 	mv $(LOCK).new $(LOCK)
+	$(LOCK_VENV)/bin/python -m distcourse.envcheck environment.yml
 	rm -rf $(LOCK_VENV)
 
 book: venv
