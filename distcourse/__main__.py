@@ -1,4 +1,9 @@
-"""`python -m distcourse [check]`: what this machine offers, then a 2-rank test."""
+"""`python -m distcourse [check]`: what this machine offers, then a 2-rank test.
+
+It also shows the versions that matter (torch, ipyparallel, jupyter-book, nbval) and
+whether they are the ones in requirements.lock, the ones the stored outputs were made
+with.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from distcourse import runtime
+from distcourse import envcheck, runtime
 
 
 def _all_reduce_rank_ids() -> float:
@@ -19,7 +24,12 @@ def _all_reduce_rank_ids() -> float:
 
 
 def check(world_size: int = 2) -> int:
-    """Print torch, backends and GPUs; start `world_size` ranks; run one all_reduce."""
+    """Print torch, backends and GPUs; start `world_size` ranks; run one all_reduce.
+
+    Between the two, the key versions against requirements.lock: a mismatch is
+    reported, not an error, since it explains a notebook output that differs but
+    does not stop the ranks from working.
+    """
     gpus = runtime.gpu_count()
     print(f"python     {platform.python_version()} on {platform.machine()}")
     print(f"torch      {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")
@@ -27,6 +37,7 @@ def check(world_size: int = 2) -> int:
     print(f"GPUs       {gpus}" + "".join(
         f"\n  cuda:{i}  {torch.cuda.get_device_name(i)}" for i in range(gpus)
     ))  # fmt: skip
+    print("\n".join(envcheck.key_versions_report()))
     backend, device = runtime.pick_backend(0, world_size)
     print(f"{world_size} ranks would use {backend} on {device.type}")
     start = time.perf_counter()
