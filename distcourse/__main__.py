@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from distcourse import envcheck, runtime
+from distcourse.launch import spawn
 
 
 def _all_reduce_rank_ids() -> float:
@@ -41,7 +42,7 @@ def check(world_size: int = 2) -> int:
     backend, device = runtime.pick_backend(0, world_size)
     print(f"{world_size} ranks would use {backend} on {device.type}")
     start = time.perf_counter()
-    sums = runtime.spawn(_all_reduce_rank_ids, world_size)
+    sums = spawn(_all_reduce_rank_ids, world_size)
     took = time.perf_counter() - start
     expected = world_size * (world_size + 1) / 2
     ok = all(s == expected for s in sums)

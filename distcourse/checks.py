@@ -1,4 +1,8 @@
-"""Equivalence checks the chapters print: do ranks agree, does a run match another."""
+"""Equivalence checks the chapters and tests print: does a run match another?
+
+Verdicts against a stated tolerance, never raw rounding noise: see `verdict`.
+Whether replicas agree with each other is `parallel.replicas`' question.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +16,6 @@ from distcourse import runtime
 def flat_parameters(model: nn.Module) -> torch.Tensor:
     """All parameters of `model` as one detached 1-D tensor."""
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def same_on_all_ranks(model: nn.Module) -> bool:
-    """True if every rank holds bit-identical parameters (a collective: all call it)."""
-    mine = flat_parameters(model)
-    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(everyone, mine)
-    return all(torch.equal(mine, other) for other in everyone)
 
 
 def max_difference(a: nn.Module, b: nn.Module) -> float:

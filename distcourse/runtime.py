@@ -1,29 +1,32 @@
-"""Process groups, devices, seeds, and a local launcher: what every rank needs first.
+"""Process groups, devices, seeds: what every rank needs first.
 
 One rule shapes this module: no rank may wait forever. Every process group carries a
-finite timeout, every argument is checked before the first collective, and `spawn`
-turns a failing child into an exception in the caller that names its rank.
+finite timeout, and every argument is checked before the first collective. Starting
+ranks is `distcourse.launch`'s job; this module is what runs on each of them.
 """
 
 from __future__ import annotations
 
-import datetime
 import os
 import random
-import threading
-import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
 import torch.distributed as dist
 
+from distcourse.rendezvous import (
+    LOOPBACK,
+    as_timedelta,
+    check_rank,
+    is_loopback,
+    keep_gloo_on_loopback,
+    make_store,
+)
+
 DEFAULT_TIMEOUT = 30.0  # seconds; long enough for a slow laptop, short enough to wait
-_HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -92,75 +95,12 @@ def pick_backend(
 # ---------------------------------------------------------- process groups ---------
 
 
-def _check_rank(rank: int, world_size: int) -> None:
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank!r}")
-
-
-def _seconds(timeout: float) -> datetime.timedelta:
-    if not timeout or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
-    return datetime.timedelta(seconds=timeout)
-
-
-def make_store(
-    rank: int,
-    world_size: int,
-    host: str = _HOST,
-    port: int = 29500,
-    timeout: float = DEFAULT_TIMEOUT,
-    serve: bool | None = None,
-) -> dist.TCPStore:
-    """The rendezvous store: rank 0 serves it on `port`, the others connect to it.
-
-    `serve=False` makes every rank a client, for a store served elsewhere (a kernel).
-    """
-    _check_rank(rank, world_size)
-    if not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(f"port must be in 0..65535, got {port!r}")
-    serve = rank == 0 if serve is None else serve
-    try:
-        return dist.TCPStore(
-            host,
-            port,
-            world_size,
-            is_master=serve,
-            timeout=_seconds(timeout),
-            wait_for_workers=False,
-        )
-    except (RuntimeError, OSError) as err:  # DistNetworkError is a RuntimeError
-        text = str(err).lower()
-        if serve and ("in use" in text or "bind" in text):
-            raise RuntimeError(
-                f"port {port} on {host} is already in use: pick another port, "
-                "or pass port=0 to let the operating system choose one"
-            ) from err
-        raise TimeoutError(
-            f"rank {rank} could not reach the store at {host}:{port} "
-            f"within {timeout:.0f} s: is rank 0 running? ({err})"
-        ) from err
-
-
-def serve_store(world_size: int, timeout: float = DEFAULT_TIMEOUT) -> dist.TCPStore:
-    """A rendezvous store served by this process on a port the OS picks (no race).
-
-    The launcher (a notebook kernel, `spawn`) keeps it while its `world_size` ranks
-    connect with `make_store(..., port=store.port, serve=False)`.
-    """
-    return dist.TCPStore(
-        _HOST, 0, world_size + 1, is_master=True,
-        timeout=_seconds(timeout), wait_for_workers=False,
-    )  # fmt: skip
-
-
 def init(
     rank: int,
     world_size: int,
     *,
     store: dist.Store | None = None,
-    host: str = _HOST,
+    host: str = LOOPBACK,
     port: int = 29500,
     backend: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
@@ -181,7 +121,7 @@ def init(
     collective: for finding bugs, not for speed.
     """
     global _info
-    _check_rank(rank, world_size)
+    check_rank(rank, world_size)
     if dist.is_initialized():
         raise RuntimeError(
             "a process group is already initialised in this process: "
@@ -190,6 +130,8 @@ def init(
     local_rank = rank if local_rank is None else local_rank
     local_world_size = world_size if local_world_size is None else local_world_size
     backend, device = pick_backend(local_rank, local_world_size, backend)
+    if is_loopback(host):  # one machine: nothing listens beyond it
+        keep_gloo_on_loopback()
     if store is None:
         store = make_store(rank, world_size, host, port, timeout)
     _join(backend, device, timeout, threads, debug, store=store, rank=rank,
@@ -213,7 +155,7 @@ def _join(
     try:
         dist.init_process_group(
             backend,
-            timeout=_seconds(timeout),
+            timeout=as_timedelta(timeout),
             device_id=device if device.type == "cuda" else None,
             **rendezvous,
         )
@@ -235,6 +177,8 @@ def init_from_env(
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     backend, device = pick_backend(local_rank, local_world, backend)
+    if is_loopback(os.environ.get("MASTER_ADDR", "")):  # torchrun on one machine
+        keep_gloo_on_loopback()
     _join(backend, device, timeout, threads=1, debug=False)  # env:// rendezvous
     _info = RankInfo(rank, world, local_rank, backend, device)
     return _info
@@ -307,38 +251,3 @@ def print_in_order(*values: Any) -> None:
     if info.rank == 0:
         for r, text in enumerate(lines):
             print(f"[rank {r}] {text}", flush=True)
-
-
-# ------------------------------------------------------------------- watchdog ------
-
-
-def pid_alive(pid: int) -> bool:
-    """True while process `pid` runs (a zombie waiting to be reaped counts as gone)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def watch_parent(
-    pid: int, interval: float = 0.5, on_exit: Callable[[], None] | None = None
-) -> threading.Thread:
-    """Exit this process soon after process `pid` is gone (a daemon thread polls it).
-
-    Spawned ranks and notebook engines run one, so none outlives its test or notebook.
-    """
-
-    def loop() -> None:
-        while pid_alive(pid):
-            time.sleep(interval)
-        if on_exit is not None:
-            on_exit()
-        os._exit(1)
-
-    thread = threading.Thread(target=loop, name=f"watch-{pid}", daemon=True)
-    thread.start()
-    return thread
-
-
-# spawn lives in its own module (it is long); it is part of this module's interface.
-from distcourse.launch import spawn  # noqa: E402, F401

@@ -14,6 +14,8 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from distcourse.trace import Event, as_events
+
 
 def _label(value: float) -> str:
     return f"{value:g}" if float(value).is_integer() else f"{value:.3g}"
@@ -104,15 +106,9 @@ _COMPUTE = ("forward", "backward", "wait")  # drawn on one row: what the rank do
 _KIND_COLORS = {"forward": "C0", "backward": "C2", "wait": "C3", "all_reduce": "C1"}
 
 
-def _span(event: object) -> tuple[str, float, float]:
-    """(name, start, end) of an Event-like object or a (name, start, end) tuple."""
-    if isinstance(event, tuple):
-        name, start, end = event
-        return str(name), float(start), float(end)
-    return str(event.name), float(event.start), float(event.end)  # type: ignore[attr-defined]
-
-
-def timeline(events: Sequence[object], title: str = "") -> Figure:
+def timeline(
+    events: Sequence[Event | tuple[str, float, float]], title: str = ""
+) -> Figure:
     """One rank's step as bars in ms: compute on top, then each bucket's all-reduce.
 
     `events` are `Event(name, start, end)`s (e.g. `DDP.timeline`) or tuples, with
@@ -121,7 +117,7 @@ def timeline(events: Sequence[object], title: str = "") -> Figure:
     end of backward, so bars that start left of it are communication overlapped with
     computation.
     """
-    spans = [_span(e) for e in events]
+    spans = [(e.name, e.start, e.end) for e in as_events(events)]
     t0 = min((start for _, start, _ in spans), default=0.0)
     rows = ["compute"] + sorted(
         dict.fromkeys(n for n, _, _ in spans if n not in _COMPUTE),

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distcourse import checks, models, runtime
+from distcourse import checks, runtime
+from distcourse.examples import models
+from distcourse.launch import spawn
+from distcourse.parallel import replicas
 
 
 def test_a_pass_hides_the_noise_and_a_fail_shows_the_value() -> None:
@@ -21,12 +24,12 @@ def _rank_values() -> tuple[float, bool, float]:
     worst = checks.max_over_ranks(0.5 * rank)
     torch.manual_seed(0)
     model = models.toy_mlp()
-    same = checks.same_on_all_ranks(model)
+    same = replicas.same_on_all_ranks(model)
     with torch.no_grad():
         model[0].bias[0] += rank  # rank 0 keeps its weights; the others move theirs
-    return worst, same, checks.same_on_all_ranks(model)
+    return worst, same, replicas.same_on_all_ranks(model)
 
 
 def test_max_over_ranks_and_same_on_all_ranks_on_three_ranks() -> None:
-    results = runtime.spawn(_rank_values, 3, timeout=10)
+    results = spawn(_rank_values, 3, timeout=10)
     assert results == [(1.0, True, False)] * 3

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 from distcourse import runtime
-from distcourse.runtime import RankError, spawn
+from distcourse.launch import spawn, watchdog
+from distcourse.runtime import RankError
 
 
 def _rank_sum() -> tuple[int, int, str, float]:
@@ -63,9 +64,9 @@ def _write_pid_then(path: str, action: str) -> None:
 def _assert_gone(path: str, world_size: int, within: float = 5.0) -> None:
     pids = [int(open(f"{path}.{r}").read()) for r in range(world_size)]
     end = time.monotonic() + within
-    while any(runtime.pid_alive(p) for p in pids) and time.monotonic() < end:
+    while any(watchdog.pid_alive(p) for p in pids) and time.monotonic() < end:
         time.sleep(0.05)
-    assert not [p for p in pids if runtime.pid_alive(p)], "a rank outlived spawn"
+    assert not [p for p in pids if watchdog.pid_alive(p)], "a rank outlived spawn"
 
 
 def test_a_raising_rank_is_named_and_no_process_is_left(tmp_path) -> None:

@@ -41,7 +41,7 @@ def test_cost_plot_is_log_log_with_a_line_per_series() -> None:
 
 
 def test_timeline_puts_compute_on_top_and_one_row_per_bucket() -> None:
-    from distcourse.parallel.data import Event
+    from distcourse.trace import Event
 
     events = [
         Event("forward", 10.000, 10.001),

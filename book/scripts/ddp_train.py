@@ -11,8 +11,10 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from distcourse import checks, data, models, runtime, train
-from distcourse.parallel.data import DDP
+from distcourse import runtime
+from distcourse.examples import datasets, models, train
+from distcourse.parallel import replicas
+from distcourse.parallel.ddp import DDP
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--impl", choices=["ours", "torch"], default="ours")
@@ -30,13 +32,13 @@ else:
     ids = [info.device.index] if info.device.type == "cuda" else None
     net = DistributedDataParallel(model, device_ids=ids)
 
-train_set, test_set = data.digits(train=True), data.digits(train=False)
+train_set, test_set = datasets.digits(train=True), datasets.digits(train=False)
 sampler = DistributedSampler(train_set, info.world_size, info.rank, seed=0)
 loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 losses = train.fit(net, loader, optimizer, args.epochs, info.device)  # set_epoch inside
-same = checks.same_on_all_ranks(model)
+same = replicas.same_on_all_ranks(model)
 runtime.print_in_order(
     f"{args.impl} DDP: {len(losses)} steps, losses {losses[0]:.4f} -> "
     f"{losses[-1]:.4f}, parameters identical on all ranks: {same}"

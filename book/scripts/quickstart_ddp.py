@@ -9,7 +9,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from distcourse import data, models, runtime, train
+from distcourse import runtime
+from distcourse.examples import datasets, models, train
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=5)
@@ -21,7 +22,7 @@ runtime.seed_everything(0, per_rank=False)  # identical initial weights on every
 model = models.digits_mlp().to(info.device)
 ddp = DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
 
-train_set, test_set = data.digits(train=True), data.digits(train=False)
+train_set, test_set = datasets.digits(train=True), datasets.digits(train=False)
 sampler = DistributedSampler(train_set, info.world_size, info.rank, seed=0)
 loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)

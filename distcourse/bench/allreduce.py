@@ -13,8 +13,9 @@ import re
 
 import torch.distributed as dist
 
-from distcourse import comm, runtime
-from distcourse.costmodel import bus_bandwidth, measure
+from distcourse import comm
+from distcourse.comm.costmodel import bus_bandwidth, measure
+from distcourse.launch import spawn
 
 DEFAULT_SIZES = [4**k * 1024 for k in range(9)]  # 1 KB .. 64 MB, float32
 QUICK_SIZES = [1024, 64 * 1024]
@@ -40,7 +41,7 @@ def run(ranks: list[int], sizes: list[int], repeats: int, warmup: int) -> list[d
     """One table row per (ranks, size): bus bandwidths in GB/s and their ratio."""
     rows = []
     for n in ranks:
-        times = runtime.spawn(_on_rank, n, sizes, repeats, warmup, timeout=120)[0]
+        times = spawn(_on_rank, n, sizes, repeats, warmup, timeout=120)[0]
         for i, size in enumerate(sizes):
             torch_bw = bus_bandwidth(size, n, times["torch"][i]) / 1e9
             ours_bw = bus_bandwidth(size, n, times["distcourse"][i]) / 1e9

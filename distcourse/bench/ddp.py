@@ -24,8 +24,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from distcourse import models, runtime
-from distcourse.parallel.data import DDP, average_gradients
+from distcourse import runtime
+from distcourse.examples import models
+from distcourse.launch import spawn
+from distcourse.parallel.ddp import DDP, average_gradients
 
 IMPLEMENTATIONS = ("torch DDP", "ours (DDP)", "naive average")
 BUCKET_MB = 25.0  # torch's default cap; see the chapter for how the size was tuned
@@ -102,7 +104,7 @@ def run(cfg: Config, bucket_mb: float = BUCKET_MB) -> list[dict]:
     """
     rows = []
     for world in cfg.worlds:
-        by_rank = runtime.spawn(_measure, world, cfg, bucket_mb, deadline=300)
+        by_rank = spawn(_measure, world, cfg, bucket_mb, deadline=300)
         times = torch.tensor(by_rank[0])  # [implementation, step], seconds
         reference = times[IMPLEMENTATIONS.index("torch DDP")]
         for name, mine in zip(IMPLEMENTATIONS, times, strict=True):

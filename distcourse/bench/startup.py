@@ -15,7 +15,7 @@ import socket
 import statistics
 import time
 
-from distcourse import cluster
+from distcourse.launch import cluster
 
 
 def stock(n: int) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""DDP's building blocks: gradient buckets, and checks that replicas start equal.
+"""DDP's building block: gradient buckets, each one flat buffer and one all-reduce.
 
 Buckets let many small gradients travel as a few large messages. One all-reduce per
 parameter pays the per-message latency once per tensor; a single all-reduce of the
@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 Group = dist.ProcessGroup | None
-Named = list[tuple[str, nn.Parameter]]  # (name, parameter) pairs, in module order
 
 
 def assign_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[list[int]]:
@@ -101,59 +99,3 @@ class Bucket:
         """Block until the all-reduce has completed; return when it completed."""
         assert self.done is not None, "wait() before launch()"
         return self.done.wait()
-
-
-# ------------------------------------------------------- equal replicas ---------
-
-
-def check_same_shapes(named: Named, group: Group) -> None:
-    """Raise ValueError on every rank unless all ranks wrap the same parameters.
-
-    All ranks gather every rank's (name, shape, dtype) list and compare the same data,
-    so they all raise together instead of hanging in mismatched collectives.
-    """
-    mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in named]
-    everyone: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, mine, group=group)
-    for rank, theirs in enumerate(everyone):
-        if theirs == everyone[0]:
-            continue
-        if len(theirs) != len(everyone[0]):
-            raise ValueError(
-                "DDP needs the same model on every rank: rank 0 has "
-                f"{len(everyone[0])} parameters, rank {rank} has {len(theirs)}"
-            )
-        for ours, other in zip(everyone[0], theirs, strict=True):
-            if ours != other:
-                raise ValueError(
-                    "DDP needs the same model on every rank: rank 0 has parameter "
-                    f"{ours[0]!r} {ours[1]} {ours[2]}, rank {rank} has {other[0]!r} "
-                    f"{other[1]} {other[2]}"
-                )
-
-
-def check_same_values(named: Named, group: Group) -> None:
-    """Raise ValueError on every rank if any parameter's value differs across ranks.
-
-    The elementwise min and max over ranks are equal only where all ranks agree, and
-    every rank receives the same min and max, so every rank decides alike.
-    """
-    with torch.no_grad():
-        flat = torch.cat([p.reshape(-1) for _, p in named])
-        low, high = flat.clone(), flat.clone()
-        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
-        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
-    differ = (low != high).split([p.numel() for _, p in named])  # per parameter
-    for (name, _), part in zip(named, differ, strict=True):
-        if part.any():
-            raise ValueError(
-                f"parameter {name!r} differs across ranks: seed every rank alike "
-                "before building the model, or pass check_equal=False to use rank 0's"
-            )
-
-
-def copy_from_rank0(module: nn.Module, group: Group) -> None:
-    """Broadcast rank 0's parameters and buffers, so every replica starts equal."""
-    with torch.no_grad():
-        for tensor in itertools.chain(module.parameters(), module.buffers()):
-            dist.broadcast(tensor, group=group, group_src=0)

@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distcourse import comm, costmodel
-from distcourse.ledger import Ledger, Record
-from distcourse.runtime import spawn
+from distcourse import comm
+from distcourse.comm import costmodel
+from distcourse.comm.ledger import Ledger, Record
+from distcourse.launch import spawn
 
 
 def _p2p_bytes(call) -> tuple[int, int]:

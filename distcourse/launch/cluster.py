@@ -26,7 +26,7 @@ import cloudpickle
 import ipyparallel as ipp
 from ipyparallel.cluster.launcher import LocalControllerLauncher, MPIEngineSetLauncher
 
-from distcourse import runtime
+from distcourse import rendezvous, runtime
 
 DEFAULT_RANKS = 4  # on a CPU machine; a GPU box defaults to one rank per GPU
 # Engines become visible on the controller's heartbeat; ipyparallel's default of 3 s
@@ -124,8 +124,8 @@ def _engine_init(
 ) -> dict[str, Any]:  # fmt: skip
     """Runs on each engine: see the kernel's modules, join the group via its store."""
     sys.path.extend(p for p in path if p not in sys.path)
-    store = runtime.make_store(
-        rank, world_size, "127.0.0.1", port, timeout, serve=False
+    store = rendezvous.make_store(
+        rank, world_size, rendezvous.LOOPBACK, port, timeout, serve=False
     )
     info = runtime.init(
         rank, world_size, store=store, backend=backend, timeout=timeout, debug=debug
@@ -169,12 +169,12 @@ def start(
     n = default_ranks() if n is None else n
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"number of ranks must be a positive integer, got {n!r}")
-    runtime._seconds(timeout)
+    rendezvous.as_timedelta(timeout)
     runtime.pick_backend(0, n, backend)  # a bad backend fails here, not on n engines
     if _current is not None:
         _current.stop()
     t0 = time.perf_counter()
-    store = runtime.serve_store(n, timeout)  # the kernel serves the rendezvous
+    store = rendezvous.serve_store(n, timeout)  # the kernel serves the rendezvous
     cluster = _make_cluster(n, debug)
     try:
         client, view, infos, t1 = _connect(cluster, n, store, backend, timeout, debug)
@@ -228,7 +228,7 @@ rank, world_size, device, backend = (
 
 def _make_cluster(n: int, debug: bool = False) -> ipp.Cluster:
     kernel = str(os.getpid())
-    entry = [sys.executable, "-m", "distcourse._ipp"]
+    entry = [sys.executable, "-m", "distcourse.launch.engine"]
     cluster = ipp.Cluster(
         n=n,
         cluster_id=f"distcourse-{uuid.uuid4().hex[:8]}",

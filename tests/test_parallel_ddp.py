@@ -14,10 +14,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
-from distcourse import models, runtime
-from distcourse.data import synthetic_regression
+from distcourse import runtime
+from distcourse.examples import models
+from distcourse.examples.datasets import synthetic_regression
+from distcourse.launch import spawn
 from distcourse.parallel.buckets import assign_buckets
-from distcourse.parallel.data import DDP, average_gradients, partition
+from distcourse.parallel.ddp import DDP, average_gradients, partition
 
 ATOL = 1e-6
 B, STEPS, LR = 16, 3, 0.1  # global batch, optimizer steps, SGD learning rate
@@ -75,7 +77,7 @@ def _train_all_kinds() -> dict:
 @pytest.mark.parametrize("world", [2, 4])
 def test_equal_to_one_process(world: int) -> None:
     expected, full_losses = _one_process()
-    by_rank = runtime.spawn(_train_all_kinds, world)
+    by_rank = spawn(_train_all_kinds, world)
     for rank, results in enumerate(by_rank):
         for kind, (params, _) in results.items():
             for got, want in zip(params, expected, strict=True):
@@ -116,7 +118,7 @@ def _bucket_runs() -> dict[float, tuple[list, list[list[int]]]]:
 
 @pytest.fixture(scope="module")
 def bucket_runs() -> dict:
-    return runtime.spawn(_bucket_runs, 2)[0]
+    return spawn(_bucket_runs, 2)[0]
 
 
 def test_buckets_fill_in_reverse_parameter_order(bucket_runs: dict) -> None:
@@ -160,7 +162,7 @@ def _accumulate() -> tuple[list, list[bool]]:
 
 def test_no_sync_accumulation_equals_large_batch() -> None:
     expected, _ = _one_process()
-    for params, talked in runtime.spawn(_accumulate, 2):
+    for params, talked in spawn(_accumulate, 2):
         assert not any(talked)
         for got, want in zip(params, expected, strict=True):
             torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
@@ -203,7 +205,7 @@ def test_unused_parameters_are_handled(uses: list[bool]) -> None:
     model = TwoHeads()  # one process: the mean of the two ranks' losses
     losses = [model(_head_batch(r), u).square().mean() for r, u in enumerate(uses)]
     (sum(losses) / 2).backward()
-    for grads in runtime.spawn(_unused, 2, uses, True):
+    for grads in spawn(_unused, 2, uses, True):
         for got, p in zip(grads, model.parameters(), strict=True):
             if p.grad is None:  # unused on every rank: stays None, as in torch
                 assert got is None
@@ -212,7 +214,7 @@ def test_unused_parameters_are_handled(uses: list[bool]) -> None:
 
 
 def test_unused_parameter_without_find_unused_raises_on_every_rank() -> None:
-    for message in runtime.spawn(_unused, 2, [False, False], False):
+    for message in spawn(_unused, 2, [False, False], False):
         assert "extra.weight" in message and "find_unused_parameters" in message
 
 
@@ -246,7 +248,7 @@ def _wrap_mismatched() -> dict:
 
 
 def test_models_that_differ_across_ranks_raise_on_every_rank() -> None:
-    by_rank = runtime.spawn(_wrap_mismatched, 2)
+    by_rank = spawn(_wrap_mismatched, 2)
     for errors in by_rank:
         assert "'weight' (4, 4)" in errors["shape"] and "(5, 4)" in errors["shape"]
         assert "rank 0 has 2 parameters, rank 1 has 4" in errors["count"]
@@ -261,7 +263,7 @@ def _wrap_wrong_shape() -> None:
 
 def test_mismatch_reaches_the_caller_as_rank_error() -> None:
     with pytest.raises(runtime.RankError, match="ValueError"):
-        runtime.spawn(_wrap_wrong_shape, 2)
+        spawn(_wrap_wrong_shape, 2)
 
 
 def _step_without_backward() -> tuple[bool, bool, list]:
@@ -282,7 +284,7 @@ def _step_without_backward() -> tuple[bool, bool, list]:
 
 
 def test_optimizer_step_without_backward_changes_nothing() -> None:
-    results = runtime.spawn(_step_without_backward, 2)
+    results = spawn(_step_without_backward, 2)
     for unchanged, no_grads, _ in results:
         assert unchanged and no_grads
     for a, b in zip(results[0][2], results[1][2], strict=True):
@@ -301,7 +303,7 @@ def _naive_with_missing_grad() -> tuple[list, list]:
 
 
 def test_average_gradients_treats_missing_grads_as_zeros() -> None:
-    (local, grads0), (missing, grads1) = runtime.spawn(_naive_with_missing_grad, 2)
+    (local, grads0), (missing, grads1) = spawn(_naive_with_missing_grad, 2)
     assert all(g is None for g in missing)
     for g_local, g0, g1 in zip(local, grads0, grads1, strict=True):
         assert torch.equal(g0, g1)
@@ -322,7 +324,7 @@ def _timeline() -> list[tuple[str, float, float]]:
 
 
 def test_timeline_shows_all_reduce_overlapping_backward() -> None:
-    for timeline in runtime.spawn(_timeline, 2):
+    for timeline in spawn(_timeline, 2):
         spans = {name: (start, end) for name, start, end in timeline}
         buckets = [f"all_reduce {i}" for i in range(8)]
         assert set(spans) == {"forward", "backward", "wait", *buckets}

@@ -15,7 +15,8 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from distcourse import cluster, runtime
+from distcourse import runtime
+from distcourse.launch import cluster, spawn, watchdog
 
 
 def _processes(ranks: cluster.Ranks) -> list[int]:
@@ -27,7 +28,7 @@ def _processes(ranks: cluster.Ranks) -> list[int]:
 def _wait_gone(pids: list[int], within: float = 10.0) -> list[int]:
     end = time.monotonic() + within
     while time.monotonic() < end:
-        alive = [p for p in pids if runtime.pid_alive(p)]
+        alive = [p for p in pids if watchdog.pid_alive(p)]
         if not alive:
             return []
         time.sleep(0.1)
@@ -89,7 +90,7 @@ def test_ranks_start_run_fail_stop_and_restart() -> None:
 KERNEL = textwrap.dedent(
     """
     import json, os, sys, time
-    from distcourse import cluster
+    from distcourse.launch import cluster
     ranks = cluster.start(2, activate=False)
     print(json.dumps(cluster.processes(ranks)), flush=True)
     time.sleep(3600)
@@ -104,7 +105,7 @@ def test_engines_exit_when_the_kernel_is_killed() -> None:
     )
     try:
         pids = json.loads(kernel.stdout.readline())
-        assert len(pids) >= 4 and all(runtime.pid_alive(p) for p in pids)
+        assert len(pids) >= 4 and all(watchdog.pid_alive(p) for p in pids)
     finally:
         kernel.send_signal(signal.SIGKILL)
         kernel.wait()
@@ -116,7 +117,7 @@ def test_a_px_cell_that_raises_names_the_rank(tmp_path) -> None:
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell(
-            "from distcourse import cluster; r = cluster.start(2)"
+            "from distcourse.launch import cluster; r = cluster.start(2)"
         ),
         nbformat.v4.new_code_cell(
             "%%px\nif rank == 1:\n    raise ValueError(f'bad input on rank {rank}')"
@@ -180,6 +181,6 @@ def test_debug_ranks_name_the_rank_that_skipped_a_collective() -> None:
 def test_the_cpp_logger_prints_debug_errors_by_default() -> None:
     """The control for the test above: outside notebook ranks the logger does print."""
     with pytest.raises(runtime.RankError) as err:
-        runtime.spawn(_all_reduce_on_rank_zero_only, 2, 3.0, debug=True, timeout=2)
+        spawn(_all_reduce_on_rank_zero_only, 2, 3.0, debug=True, timeout=2)
     assert MISSING in str(err.value)
     assert "Rank 1 failed to pass monitoredBarrier" in str(err.value).split("fd 2:")[1]

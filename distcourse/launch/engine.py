@@ -1,4 +1,4 @@
-"""Process entry points for notebook ranks: `python -m distcourse._ipp ...`.
+"""Process entry points for notebook ranks: `python -m distcourse.launch.engine ...`.
 
 `engines KERNEL_PID -n N ARGS...` imports torch once, then forks N ipyparallel engines
 from this warm process: each engine starts with torch already in memory, instead of
@@ -18,7 +18,7 @@ import time
 def _watch(kernel_pid: int) -> None:
     """Exit when the kernel is gone; so do processes forked from this one later
     (the controller forks its heart monitor, which has no thread of ours)."""
-    from distcourse.runtime import watch_parent
+    from distcourse.launch.watchdog import watch_parent
 
     watch_parent(kernel_pid)
     os.register_at_fork(after_in_child=lambda: watch_parent(kernel_pid))
@@ -63,7 +63,7 @@ def engines(kernel_pid: int, n: int, argv: list[str]) -> None:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    from distcourse.runtime import pid_alive
+    from distcourse.launch.watchdog import pid_alive
 
     while children:
         pid, _status = os.waitpid(-1, os.WNOHANG)

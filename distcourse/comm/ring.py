@@ -9,127 +9,22 @@ rank for an all-reduce of S bytes, whatever N is; `naive_all_reduce` is the cont
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from distcourse import runtime
-from distcourse.costmodel import Cost, bus_bandwidth, fit_alpha_beta, measure, predict
-from distcourse.ledger import Ledger, Record
-
-__all__ = [
-    "ring_all_reduce", "ring_all_gather", "ring_reduce_scatter", "tree_broadcast",
-    "naive_all_reduce", "Ledger", "Record", "Cost", "predict", "bus_bandwidth",
-    "fit_alpha_beta", "measure",
-]  # fmt: skip
-
-SUM = dist.ReduceOp.SUM
-Group = dist.ProcessGroup | None  # None: the default group
-# out-of-place elementwise reductions, called as fn(a, b, out=a)
-_OPS: dict[str, Callable[..., Tensor]] = {
-    "sum": torch.add, "max": torch.maximum, "min": torch.minimum, "product": torch.mul
-}  # fmt: skip
-_OP_NAMES, _REDUCE = list(_OPS), list(_OPS.values())
-_DTYPES = sorted(
-    {v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str
+from distcourse.comm.agree import (
+    SUM,
+    Group,
+    Members,
+    agree,
+    members,
+    reduce_fn,
+    reduce_op,
 )
+
 PIECE_BYTES = 4 << 20  # reduce-scatter messages are cut into pieces of this size
-_MAX_DIMS = 8  # shapes with more dims are compared by numel only
-_FUNCTIONS = ("ring_all_reduce ring_all_gather ring_reduce_scatter tree_broadcast "
-              "naive_all_reduce").split()  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _Members:
-    """The calling rank's view of a process group: who it is and who its peers are."""
-
-    group: dist.ProcessGroup
-    rank: int  # rank inside the group
-    size: int
-    ranks: list[int]  # global rank of each group rank
-
-    def peer(self, offset: int) -> int:
-        """Global rank of the group member `offset` places to the right (ring order)."""
-        return self.ranks[(self.rank + offset) % self.size]
-
-
-def _members(group: Group, name: str) -> _Members:
-    runtime.require_initialized()
-    group = dist.group.WORLD if group is None else group
-    rank = dist.get_rank(group)
-    if rank < 0:
-        raise ValueError(
-            f"{name}: rank {dist.get_rank()} is not a member of the group it was "
-            "given; only members may call a collective on a group"
-        )
-    size = dist.get_world_size(group)
-    ranks = [dist.get_global_rank(group, r) for r in range(size)]
-    return _Members(group, rank, size, ranks)
-
-
-def _op(op: object) -> int:
-    """Index of `op` (a ReduceOp or a name like "sum") in _OP_NAMES, or ValueError."""
-    name = op if isinstance(op, str) else getattr(op, "name", str(op))
-    if name.lower() not in _OPS:
-        supported = ", ".join(n.upper() for n in _OP_NAMES)
-        raise ValueError(f"unsupported reduce op {op!r}; use one of {supported}")
-    return _OP_NAMES.index(name.lower())
-
-
-def _describe(fn: int, extra: int, t: Tensor, ok: bool) -> Tensor:
-    """A fixed-size int64 row: [ok, function, extra, dtype, numel, ndim, shape...]."""
-    shape = list(t.shape)[:_MAX_DIMS] if t.dim() <= _MAX_DIMS else []
-    row = [int(ok), fn, extra, _DTYPES.index(t.dtype), t.numel(), t.dim(), *shape]
-    row += [-1] * (6 + _MAX_DIMS - len(row))
-    return torch.tensor(row, dtype=torch.int64, device=t.device)
-
-
-def _show(row: list[int]) -> str:
-    """A descriptor row as a call, e.g. "ring_all_reduce(float32[4, 2], op=SUM)"."""
-    _, fn, extra, dtype, numel, ndim, *shape = row
-    name, kind = _FUNCTIONS[fn], str(_DTYPES[dtype]).removeprefix("torch.")
-    shown = str(shape[:ndim]) if ndim <= _MAX_DIMS else f"<{numel} elements>"
-    if name == "tree_broadcast":
-        return f"{name}({kind}{shown}, src={extra})"
-    op = f", op={_OP_NAMES[extra].upper()}" if "reduce" in name else ""
-    return f"{name}({kind}{shown}{op})"
-
-
-def _validate(
-    name: str, g: _Members, tensor: Tensor, check: bool, local: Callable[[], int]
-) -> int:
-    """Run this rank's own checks, then (if `check`) compare calls across ranks.
-
-    `local` checks the arguments and returns the call's extra key (op index or src).
-    With `check`, one all_gather of a 112-byte descriptor lets every rank see every
-    other rank's call, so all of them raise together instead of some waiting forever.
-    """
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{name}: expected a Tensor, got {type(tensor).__name__}")
-    if not check:
-        return local()
-    problem, extra = None, -1
-    try:
-        extra = local()
-    except ValueError as err:
-        problem = err
-    mine = _describe(_FUNCTIONS.index(name), extra, tensor, problem is None)
-    rows = [torch.empty_like(mine) for _ in range(g.size)]
-    dist.all_gather(rows, mine, group=g.group)
-    table = torch.stack(rows).tolist()  # (ranks, 6 + _MAX_DIMS)
-    if problem is not None:
-        raise problem
-    failed = [g.ranks[r] for r, row in enumerate(table) if not row[0]]
-    if failed:
-        raise ValueError(f"{name}: rank(s) {failed} rejected their arguments; stopping")
-    if any(row != table[0] for row in table):
-        calls = "; ".join(
-            f"rank {g.ranks[r]}: {_show(row)}" for r, row in enumerate(table)
-        )
-        raise ValueError(f"{name}: ranks disagree on shape, dtype or op: {calls}")
-    return extra
 
 
 def _check_blocks(what: str, blocks: list, n: int, numel: int, dtype: object) -> None:
@@ -140,7 +35,7 @@ def _check_blocks(what: str, blocks: list, n: int, numel: int, dtype: object) ->
                          f"got {', '.join(got)}")  # fmt: skip
 
 
-def _exchange(send: Tensor, recv: Tensor, g: _Members) -> list:
+def _exchange(send: Tensor, recv: Tensor, g: Members) -> list:
     """Send to the right neighbour and receive from the left one, as one batch.
 
     Posting both before waiting on either keeps a ring from deadlocking; the batch
@@ -151,7 +46,7 @@ def _exchange(send: Tensor, recv: Tensor, g: _Members) -> list:
     return dist.batch_isend_irecv(ops) if ops else []
 
 
-def _reduce_scatter_ring(chunks: list, g: _Members, reduce: Callable) -> None:
+def _reduce_scatter_ring(chunks: list, g: Members, reduce: Callable) -> None:
     """N-1 steps; afterwards chunks[g.rank] holds the reduction over all ranks.
 
     Each chunk travels in pieces, two at a time: while piece k is reduced, piece k+1
@@ -172,14 +67,14 @@ def _reduce_scatter_ring(chunks: list, g: _Members, reduce: Callable) -> None:
             works.append(_post(k + 2, sends, parts, bufs, g))  # into the freed buffer
 
 
-def _post(k: int, sends: tuple, parts: tuple, bufs: Tensor, g: _Members) -> list:
+def _post(k: int, sends: tuple, parts: tuple, bufs: Tensor, g: Members) -> list:
     """Start piece k of a reduce-scatter step, if any; it is received in bufs[k % 2]."""
     if k >= len(parts):
         return []
     return _exchange(sends[k], bufs[k % 2, : len(parts[k])], g)
 
 
-def _all_gather_ring(chunks: list, g: _Members) -> None:
+def _all_gather_ring(chunks: list, g: Members) -> None:
     """N-1 steps; each rank starts with chunks[g.rank] and ends with all of them."""
     me, n = g.rank, g.size
     for step in range(n - 1):
@@ -202,8 +97,9 @@ def ring_all_reduce(
     every rank) costs one extra all_gather of 112 bytes per rank, about one latency
     alpha, to turn mismatched calls into a ValueError on every rank.
     """
-    g = _members(group, "ring_all_reduce")
-    reduce = _REDUCE[_validate("ring_all_reduce", g, tensor, check, lambda: _op(op))]
+    g = members(group, "ring_all_reduce")
+    key = agree("ring_all_reduce", tensor, group, lambda: reduce_op(op), "op", check)
+    reduce = reduce_fn(key)
     flat = tensor.reshape(-1)  # a view when tensor is contiguous
     if g.size > 1 and flat.numel():
         chunks = list(torch.tensor_split(flat, g.size))  # N views, uneven allowed
@@ -223,7 +119,7 @@ def ring_all_gather(
     tensor of N * tensor.numel() elements, block r from rank r (as
     dist.all_gather_into_tensor). `check` as in ring_all_reduce.
     """
-    g = _members(group, "ring_all_gather")
+    g = members(group, "ring_all_gather")
     as_list = isinstance(output, list)
     outs = output if as_list else [output]
 
@@ -232,7 +128,7 @@ def ring_all_gather(
         _check_blocks("ring_all_gather: output", outs, n, want, tensor.dtype)
         return -1
 
-    _validate("ring_all_gather", g, tensor, check, local)
+    agree("ring_all_gather", tensor, group, local, "", check)
     flats = [o.reshape(-1) for o in outs]
     slots = flats if as_list else list(torch.tensor_split(flats[0], g.size))
     slots[g.rank].copy_(tensor.reshape(-1))
@@ -253,16 +149,17 @@ def ring_reduce_scatter(
     one tensor of N * output.numel() elements (as dist.reduce_scatter_tensor); it is
     not modified. `check` as in ring_all_reduce.
     """
-    g = _members(group, "ring_reduce_scatter")
+    g = members(group, "ring_reduce_scatter")
     as_list = isinstance(input, list)
     blocks = input if as_list else [input]
 
     def local() -> int:
         n, want = (g.size, output.numel()) if as_list else (1, g.size * output.numel())
         _check_blocks("ring_reduce_scatter: input", blocks, n, want, output.dtype)
-        return _op(op)
+        return reduce_op(op)
 
-    reduce = _REDUCE[_validate("ring_reduce_scatter", g, output, check, local)]
+    key = agree("ring_reduce_scatter", output, group, local, "op", check)
+    reduce = reduce_fn(key)
     work = torch.cat([b.reshape(-1) for b in blocks])  # a copy: input stays intact
     chunks = list(torch.tensor_split(work, g.size))  # N equal blocks
     if output.numel():
@@ -280,7 +177,7 @@ def tree_broadcast(
     holders doubles. `src` is a rank in `group` (the global rank for the default
     group). `check` as in ring_all_reduce.
     """
-    g = _members(group, "tree_broadcast")
+    g = members(group, "tree_broadcast")
 
     def local() -> int:
         if not isinstance(src, int) or not 0 <= src < g.size:
@@ -288,7 +185,7 @@ def tree_broadcast(
                              f"ranks are 0..{g.size - 1}")  # fmt: skip
         return src
 
-    _validate("tree_broadcast", g, tensor, check, local)
+    agree("tree_broadcast", tensor, group, local, "src", check)
     flat = tensor.reshape(-1)
     me = (g.rank - src) % g.size  # my place in the tree; the source is 0
     mask = 1
@@ -310,8 +207,9 @@ def naive_all_reduce(
     The root moves 2(N-1) * S bytes one after another, against 2(N-1)/N * S per rank
     for the ring: the contrast that motivates rings. `check` as in ring_all_reduce.
     """
-    g = _members(group, "naive_all_reduce")
-    reduce = _REDUCE[_validate("naive_all_reduce", g, tensor, check, lambda: _op(op))]
+    g = members(group, "naive_all_reduce")
+    key = agree("naive_all_reduce", tensor, group, lambda: reduce_op(op), "op", check)
+    reduce = reduce_fn(key)
     flat = tensor.reshape(-1)
     if g.rank == 0 and flat.numel():
         buf = torch.empty_like(flat)

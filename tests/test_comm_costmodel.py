@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 
-from distcourse import comm, costmodel
-from distcourse.runtime import spawn
+from distcourse import comm
+from distcourse.comm import costmodel
+from distcourse.launch import spawn
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])

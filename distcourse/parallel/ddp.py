@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,14 +19,13 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 
 from distcourse import runtime
-from distcourse.parallel.buckets import (
-    Bucket,
-    Group,
-    assign_buckets,
+from distcourse.parallel.buckets import Bucket, Group, assign_buckets
+from distcourse.parallel.replicas import (
     check_same_shapes,
     check_same_values,
     copy_from_rank0,
 )
+from distcourse.trace import Event
 
 
 def average_gradients(model: nn.Module, group: Group = None) -> None:
@@ -78,15 +76,6 @@ def partition(
         order = torch.randperm(n, generator=torch.Generator().manual_seed(shuffle_seed))
     used = n - n % world_size
     return Subset(dataset, order[rank:used:world_size].tolist())
-
-
-@dataclass(frozen=True)
-class Event:
-    """One span on a rank's timeline; times are time.perf_counter() seconds."""
-
-    name: str
-    start: float
-    end: float
 
 
 class DDP(nn.Module):

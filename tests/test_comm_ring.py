@@ -7,7 +7,8 @@ import torch
 import torch.distributed as dist
 
 from distcourse import comm
-from distcourse.runtime import RankError, spawn
+from distcourse.launch import spawn
+from distcourse.runtime import RankError
 
 DTYPES = [torch.float32, torch.float64, torch.int64]
 OPS = [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT]

@@ -15,17 +15,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from distcourse.runtime import (
-    _HOST,
-    DEFAULT_TIMEOUT,
-    RankError,
-    _seconds,
-    init,
-    make_store,
-    serve_store,
-    shutdown,
-    watch_parent,
-)
+from distcourse.launch.watchdog import watch_parent
+from distcourse.rendezvous import LOOPBACK, as_timedelta, make_store, serve_store
+from distcourse.runtime import DEFAULT_TIMEOUT, RankError, init, shutdown
 
 _preloaded = False
 
@@ -37,7 +29,7 @@ def _context() -> Any:
 
     ctx = mp.get_context("forkserver")
     if not _preloaded:
-        ctx.set_forkserver_preload(["torch", "distcourse.runtime"])
+        ctx.set_forkserver_preload(["torch", "distcourse.launch.spawn"])
         _preloaded = True
     return ctx
 
@@ -54,7 +46,7 @@ def _child(
         fn, args, kwargs = cloudpickle.loads(payload)
         if options["init"]:
             store = make_store(
-                rank, world_size, _HOST, port, options["timeout"], serve=False
+                rank, world_size, LOOPBACK, port, options["timeout"], serve=False
             )
             init(
                 rank, world_size, store=store,
@@ -98,7 +90,7 @@ def spawn(
 
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    _seconds(timeout)
+    as_timedelta(timeout)
     deadline = 2 * timeout + 30 if deadline is None else deadline
     ctx = _context()
     payload = cloudpickle.dumps((fn, args, kwargs))

@@ -1,0 +1,146 @@
+"""The agreement check: every rank sees every other rank's call before any data moves.
+
+A collective that ranks call with different shapes, dtypes or ops does not fail by
+itself: it hangs until the group's timeout, or silently mixes the wrong data. `agree`
+all-gathers a small fixed-size descriptor of this rank's call (about 112 bytes), so
+every rank compares the same table and all of them raise the same ValueError, naming
+the ranks, instead of some waiting forever. Ring collectives, point-to-point
+activation transfers, tensor-parallel layers and boxing all call it first.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from distcourse import runtime
+
+SUM = dist.ReduceOp.SUM
+Group = dist.ProcessGroup | None  # None: the default group
+MAX_DIMS = 8  # shapes with more dims are compared by numel only
+# elementwise reductions by name, called as fn(a, b, out=a)
+REDUCE_OPS: dict[str, Callable[..., Tensor]] = {
+    "sum": torch.add, "max": torch.maximum, "min": torch.minimum, "product": torch.mul
+}  # fmt: skip
+_DTYPES = sorted(
+    {v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str
+)
+_NAMES: dict[int, str] = {}  # call ids seen on this rank, for readable errors
+
+
+@dataclass(frozen=True)
+class Members:
+    """The calling rank's view of a process group: who it is and who its peers are."""
+
+    group: dist.ProcessGroup
+    rank: int  # rank inside the group
+    size: int
+    ranks: list[int]  # global rank of each group rank
+
+    def peer(self, offset: int) -> int:
+        """Global rank of the group member `offset` places to the right (ring order)."""
+        return self.ranks[(self.rank + offset) % self.size]
+
+
+def members(group: Group, name: str) -> Members:
+    """This rank's Members of `group`; ValueError if it is not a member."""
+    runtime.require_initialized()
+    group = dist.group.WORLD if group is None else group
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError(
+            f"{name}: rank {dist.get_rank()} is not a member of the group it was "
+            "given; only members may call a collective on a group"
+        )
+    size = dist.get_world_size(group)
+    ranks = [dist.get_global_rank(group, r) for r in range(size)]
+    return Members(group, rank, size, ranks)
+
+
+def reduce_op(op: object) -> int:
+    """Index of `op` (a ReduceOp or a name like "sum") in REDUCE_OPS, or ValueError."""
+    name = op if isinstance(op, str) else getattr(op, "name", str(op))
+    names = list(REDUCE_OPS)
+    if name.lower() not in names:
+        supported = ", ".join(n.upper() for n in names)
+        raise ValueError(f"unsupported reduce op {op!r}; use one of {supported}")
+    return names.index(name.lower())
+
+
+def reduce_fn(index: int) -> Callable[..., Tensor]:
+    """The elementwise function of the op at `index` (from `reduce_op`)."""
+    return list(REDUCE_OPS.values())[index]
+
+
+def _call_id(name: str) -> int:
+    key = zlib.crc32(name.encode()) & 0x7FFFFFFF
+    _NAMES[key] = name
+    return key
+
+
+def _describe(name: str, extra: int, t: Tensor, ok: bool) -> Tensor:
+    """A fixed-size int64 row: [ok, call, extra, dtype, numel, ndim, shape...]."""
+    shape = list(t.shape)[:MAX_DIMS] if t.dim() <= MAX_DIMS else []
+    row = [int(ok), _call_id(name), extra, _DTYPES.index(t.dtype), t.numel(), t.dim()]
+    row += shape + [-1] * (MAX_DIMS - len(shape))
+    return torch.tensor(row, dtype=torch.int64, device=t.device)
+
+
+def _show(row: list[int], label: str) -> str:
+    """A descriptor row as a call, e.g. "ring_all_reduce(float32[4, 2], op=SUM)"."""
+    _, call, extra, dtype, numel, ndim, *shape = row
+    name = _NAMES.get(call, f"<call {call:#x}>")
+    kind = str(_DTYPES[dtype]).removeprefix("torch.")
+    shown = str(shape[:ndim]) if ndim <= MAX_DIMS else f"<{numel} elements>"
+    if label == "op" and 0 <= extra < len(REDUCE_OPS):
+        return f"{name}({kind}{shown}, op={list(REDUCE_OPS)[extra].upper()})"
+    return (
+        f"{name}({kind}{shown}, {label}={extra})" if label else f"{name}({kind}{shown})"
+    )
+
+
+def agree(
+    name: str,
+    tensor: Tensor,
+    group: Group = None,
+    local: Callable[[], int] = lambda: -1,
+    label: str = "",
+    check: bool = True,
+) -> int:
+    """Check this call on this rank, then (if `check`) that all ranks make the same one.
+
+    `local` validates the arguments on this rank (raising ValueError) and returns an
+    integer key that must also agree, shown as `label` in errors (an op index for
+    label "op", a source rank for "src", ...). Returns that key. With `check`, every
+    rank of `group` must call `agree` with the same `check`: it is one all_gather.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name}: expected a Tensor, got {type(tensor).__name__}")
+    if not check:
+        return local()
+    g = members(group, name)
+    problem, extra = None, -1
+    try:
+        extra = local()
+    except ValueError as err:
+        problem = err
+    mine = _describe(name, extra, tensor, problem is None)
+    rows = [torch.empty_like(mine) for _ in range(g.size)]
+    dist.all_gather(rows, mine, group=g.group)
+    table = torch.stack(rows).tolist()  # (ranks, 6 + MAX_DIMS)
+    if problem is not None:
+        raise problem
+    failed = [g.ranks[r] for r, row in enumerate(table) if not row[0]]
+    if failed:
+        raise ValueError(f"{name}: rank(s) {failed} rejected their arguments; stopping")
+    if any(row != table[0] for row in table):
+        calls = "; ".join(
+            f"rank {g.ranks[r]}: {_show(row, label)}" for r, row in enumerate(table)
+        )
+        raise ValueError(f"{name}: ranks disagree on shape, dtype or op: {calls}")
+    return extra

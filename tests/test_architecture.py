@@ -1,0 +1,136 @@
+"""The architecture is a test: layers, rank-side code, strategy independence, sizes.
+
+The import rules live in pyproject.toml ([tool.importlinter]) and are checked by
+import-linter; the rules it cannot express (no private name crosses a module, no
+module over 300 lines, strategies do not import each other) are an AST walk here.
+ARCHITECTURE.md explains the layers these tests hold in place.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "distcourse"
+MAX_LINES = 300
+# modules of distcourse/parallel/ that are building blocks, not strategies
+SHARED = {"__init__", "replicas", "buckets", "hybrid"}
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _python_sources() -> list[Path]:
+    scripts = sorted((ROOT / "book").rglob("*.py"))
+    return _modules() + sorted((ROOT / "tests").rglob("*.py")) + scripts
+
+
+def _notebook_code(path: Path) -> str:
+    cells = json.loads(path.read_text())["cells"]
+    code = ("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    lines = [ln for src in code for ln in src.splitlines() if not ln.startswith("%")]
+    return "\n".join(lines)
+
+
+def test_import_linter_contracts_hold() -> None:
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    assert lint, "import-linter is not installed: make venv"
+    done = subprocess.run(
+        [lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: _name(p))
+def test_no_module_is_longer_than_a_chapter_can_show(path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{_name(path)} has {lines} lines (at most {MAX_LINES})"
+
+
+def _private_uses(tree: ast.AST, own: str) -> list[str]:
+    """`from distcourse.x import _y` and `x._y` (x a distcourse module) outside x."""
+    found, aliases = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "distcourse"
+        ):
+            for alias in node.names:
+                if alias.name.startswith("_") and node.module != own:
+                    found.append(f"from {node.module} import {alias.name}")
+                aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("distcourse"):
+                    aliases[alias.asname or alias.name] = alias.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and aliases[node.value.id] != own
+        ):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_private_name_is_used_outside_its_module() -> None:
+    offences = []
+    for path in _python_sources():
+        own = _name(path) if path.is_relative_to(PACKAGE) else ""
+        for use in _private_uses(ast.parse(path.read_text()), own):
+            offences.append(f"{path.relative_to(ROOT)}: {use}")
+    for path in sorted((ROOT / "book").glob("*.ipynb")):
+        for use in _private_uses(ast.parse(_notebook_code(path)), ""):
+            offences.append(f"{path.relative_to(ROOT)}: {use}")
+    assert not offences, "private names used outside their module:\n" + "\n".join(
+        offences
+    )
+
+
+def _strategies() -> dict[str, Path]:
+    """distcourse.parallel's strategies: modules and folders, minus building blocks."""
+    found = {}
+    for path in sorted((PACKAGE / "parallel").iterdir()):
+        name = path.stem if path.suffix == ".py" else path.name
+        if name not in SHARED and (path.suffix == ".py" or path.is_dir()):
+            found[f"distcourse.parallel.{name}"] = path
+    return found
+
+
+def _imports(path: Path) -> set[str]:
+    files = [path] if path.is_file() else sorted(path.rglob("*.py"))
+    names: set[str] = set()
+    for file in files:
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+                names.update(f"{node.module}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+    return names
+
+
+def test_strategies_do_not_import_each_other() -> None:
+    strategies = _strategies()
+    assert "distcourse.parallel.ddp" in strategies
+    for name, path in strategies.items():
+        others = {s for s in strategies if s != name}
+        used = {
+            i for i in _imports(path) for s in others if i == s or i.startswith(s + ".")
+        }
+        assert not used, f"{name} imports other strategies: {sorted(used)}"
