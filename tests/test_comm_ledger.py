@@ -134,3 +134,28 @@ def test_ledger_restores_torch_on_exit_and_on_error() -> None:
     with pytest.raises(KeyError), Ledger():
         raise KeyError("boom")
     assert (dist.all_reduce, dist.isend, dist.P2POp, dist.batch_isend_irecv) == original
+
+
+def _dtensor_traffic() -> tuple[list[Record], int]:
+    """A DTensor redistribute under both a Ledger and torch's CommDebugMode."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    x = distribute_tensor(torch.arange(24.0).reshape(6, 4), mesh, [Shard(0)])
+    counter = CommDebugMode()
+    with counter, Ledger() as ledger:
+        x.redistribute(mesh, [Replicate()])  # S(0) -> B: one all_gather
+        x.redistribute(mesh, [Shard(1)])  # S(0) -> S(1): all_gather + chunk on CPU
+    return ledger.records, counter.get_total_counts()
+
+
+def test_the_ledger_sees_dtensor_collectives_as_comm_debug_mode_does() -> None:
+    for records, counted in spawn(_dtensor_traffic, 2, timeout=30):
+        functional = [r for r in records if r.op.startswith("functional.")]
+        assert len(functional) == counted == 2
+        assert {r.op for r in functional} == {"functional.all_gather_into_tensor"}
+        # each rank contributes its shard: 3 x 4 float32
+        assert [r.bytes for r in functional] == [48, 48]
+        assert {r.group_size for r in functional} == {2}

@@ -2,7 +2,10 @@
 
 `with Ledger() as ledger:` swaps the functions in the `torch.distributed` namespace
 (all_reduce, isend, ...) for wrappers that write a Record, then calls the original.
-The originals come back on exit, also after an exception.
+The originals come back on exit, also after an exception. DTensor and other
+functional collectives (`torch.ops._c10d_functional.*`) bypass those names; a
+dispatch mode active in the same block records them too, as `functional.<name>`.
+Calls made from C++ (torch DDP's bucket all-reduces) reach neither and stay unseen.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # collective: (argument holding what this rank contributes, argument naming the root)
 _COLLECTIVES: dict[str, tuple[str | None, str | None]] = {
@@ -41,6 +45,15 @@ _P2P = {
     "recv": ("recv", "src"),
     "irecv": ("recv", "src"),
 }
+
+
+# functional collective: positional index of its group size (None: ask the group)
+_FUNCTIONAL: dict[str, int | None] = {
+    "all_reduce": None, "all_reduce_coalesced": None,
+    "all_gather_into_tensor": 1, "all_gather_into_tensor_coalesced": 1,
+    "reduce_scatter_tensor": 2, "reduce_scatter_tensor_coalesced": 2,
+    "all_to_all_single": None, "broadcast": None,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -88,18 +101,46 @@ class _P2POp(c10d.P2POp):
         super().__init__(_unwrap(op), *args, **kwargs)
 
 
+def _group_size(args: tuple, at: int | None) -> int:
+    if at is not None:
+        return int(args[at])
+    try:  # the group's name is the last positional argument
+        return c10d._resolve_process_group(args[-1]).size()
+    except Exception:  # an older or newer torch: size unknown
+        return -1
+
+
+class _FunctionalSpy(TorchDispatchMode):
+    """Sees every functional collective (DTensor's redistribute, for one)."""
+
+    def __init__(self, records: list[Record]) -> None:
+        super().__init__()
+        self.records = records
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        name = func.overloadpacket.__name__
+        if func.namespace == "_c10d_functional" and name in _FUNCTIONAL:
+            size = _group_size(args, _FUNCTIONAL[name])
+            record = Record(f"functional.{name}", "collective", _nbytes(args[0]),
+                            None, size)  # fmt: skip
+            self.records.append(record)
+        return func(*args, **(kwargs or {}))
+
+
 class Ledger:
     """Record every torch.distributed call this rank makes inside a `with` block.
 
     `ledger.records` lists them; `bytes_sent`, `bytes_received` and `summary` add them
-    up. Only Python calls through the module attribute, like `dist.isend(...)`, are
-    seen. Calls made from C++, such as DDP's gradient all-reduces, and functions
-    imported by name before the block are invisible to it.
+    up. Python calls through the module attribute, like `dist.isend(...)`, and
+    functional collectives (DTensor's) are seen. Calls made from C++, such as torch
+    DDP's gradient all-reduces, and functions imported by name before the block are
+    invisible to it.
     """
 
     def __init__(self) -> None:
         self.records: list[Record] = []
         self._saved: dict[str, Any] = {}
+        self._spy: _FunctionalSpy | None = None
 
     def __enter__(self) -> Ledger:
         if self._saved:
@@ -111,9 +152,12 @@ class Ledger:
             setattr(dist, name, self._wrap(name, self._saved[name]))
         dist.batch_isend_irecv = self._wrap_batch(self._saved["batch_isend_irecv"])
         dist.P2POp = _P2POp
+        self._spy = _FunctionalSpy(self.records)
+        self._spy.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._spy.__exit__(*exc)
         for name, fn in self._saved.items():
             setattr(dist, name, fn)
         self._saved = {}
