@@ -2,10 +2,23 @@
 
 - `agree`: the cross-rank argument check that turns mismatched calls into errors;
 - `ring`: ring all-reduce / all-gather / reduce-scatter, tree broadcast, naive;
+- `autograd`: collectives with a backward (Megatron's f and g, split / gather,
+  all-gather / reduce-scatter, all-to-all), for tensor parallel and global tensors;
+- `p2p`: send / receive between neighbours with a shape handshake, for pipelines;
 - `ledger`: what each rank sends and receives; `costmodel`: the alpha-beta model.
 """
 
 from distcourse.comm.agree import Members, agree, members
+from distcourse.comm.autograd import (
+    all_gather_along,
+    all_to_all_along,
+    copy_to_group,
+    gather_from_group,
+    reduce_from_group,
+    reduce_scatter_along,
+    split_sizes,
+    split_to_group,
+)
 from distcourse.comm.costmodel import (
     Cost,
     bus_bandwidth,
@@ -14,6 +27,7 @@ from distcourse.comm.costmodel import (
     predict,
 )
 from distcourse.comm.ledger import Ledger, Record
+from distcourse.comm.p2p import recv_tensor, send_recv, send_tensor
 from distcourse.comm.ring import (
     naive_all_reduce,
     ring_all_gather,
@@ -23,7 +37,10 @@ from distcourse.comm.ring import (
 )
 
 __all__ = [
-    "Cost", "Ledger", "Members", "Record", "agree", "bus_bandwidth",
-    "fit_alpha_beta", "measure", "members", "naive_all_reduce", "predict",
-    "ring_all_gather", "ring_all_reduce", "ring_reduce_scatter", "tree_broadcast",
+    "Cost", "Ledger", "Members", "Record", "agree", "all_gather_along",
+    "all_to_all_along", "bus_bandwidth", "copy_to_group", "fit_alpha_beta",
+    "gather_from_group", "measure", "members", "naive_all_reduce", "predict",
+    "recv_tensor", "reduce_from_group", "reduce_scatter_along", "ring_all_gather",
+    "ring_all_reduce", "ring_reduce_scatter", "send_recv", "send_tensor",
+    "split_sizes", "split_to_group", "tree_broadcast",
 ]  # fmt: skip

@@ -3,8 +3,9 @@
 `with Ledger() as ledger:` swaps the functions in the `torch.distributed` namespace
 (all_reduce, isend, ...) for wrappers that write a Record, then calls the original.
 The originals come back on exit, also after an exception. DTensor and other
-functional collectives (`torch.ops._c10d_functional.*`) bypass those names; a
-dispatch mode active in the same block records them too, as `functional.<name>`.
+functional collectives (`torch.ops._c10d_functional.*`) bypass those names; once
+their module is imported (DTensor does it), a dispatch mode active in the same block
+records them too, as `functional.<name>`.
 Calls made from C++ (torch DDP's bucket all-reduces) reach neither and stay unseen.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +49,8 @@ _P2P = {
 }
 
 
+# DTensor imports it; a first dispatch mode imports torch._dynamo (about 2 s)
+_FUNCTIONAL_MODULE = "torch.distributed._functional_collectives"
 # functional collective: positional index of its group size (None: ask the group)
 _FUNCTIONAL: dict[str, int | None] = {
     "all_reduce": None, "all_reduce_coalesced": None,
@@ -152,12 +156,15 @@ class Ledger:
             setattr(dist, name, self._wrap(name, self._saved[name]))
         dist.batch_isend_irecv = self._wrap_batch(self._saved["batch_isend_irecv"])
         dist.P2POp = _P2POp
-        self._spy = _FunctionalSpy(self.records)
-        self._spy.__enter__()
+        if _FUNCTIONAL_MODULE in sys.modules:  # else no functional collective can run
+            self._spy = _FunctionalSpy(self.records)  # (entering one costs seconds)
+            self._spy.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._spy.__exit__(*exc)
+        if self._spy is not None:
+            self._spy.__exit__(*exc)
+            self._spy = None
         for name, fn in self._saved.items():
             setattr(dist, name, fn)
         self._saved = {}
