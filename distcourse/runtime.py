@@ -159,6 +159,10 @@ def _join(
             device_id=device if device.type == "cuda" else None,
             **rendezvous,
         )
+        # gloo's init returns on a rank once *its* connections are up; a rank that
+        # then finished and exited could cut a peer still connecting ("Connection
+        # closed by peer"). Nobody leaves init before everyone is connected.
+        dist.barrier()
     finally:
         dist.set_debug_level(previous)
 
