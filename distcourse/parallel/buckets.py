@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-Group = dist.ProcessGroup | None
+from distcourse.comm.agree import Group
 
 
 def assign_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[list[int]]:

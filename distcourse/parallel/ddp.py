@@ -19,7 +19,8 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 
 from distcourse import runtime
-from distcourse.parallel.buckets import Bucket, Group, assign_buckets
+from distcourse.comm.agree import Group
+from distcourse.parallel.buckets import Bucket, assign_buckets
 from distcourse.parallel.replicas import (
     check_same_shapes,
     check_same_values,

@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-Group = dist.ProcessGroup | None
+from distcourse.comm.agree import Group
+
 Named = list[tuple[str, nn.Parameter]]  # (name, parameter) pairs, in module order
 
 
