@@ -4,18 +4,22 @@ The notebooks are checked by strict nbval, character for character, and their st
 outputs hold matplotlib reprs, tqdm bars and torch numerics; the package also subclasses
 ipyparallel's launchers. So the versions matter, and `make` installs exactly the ones
 in the lock. This module reads the lock, compares it with what is installed here and
-says, package by package, what differs and which command fixes it. It uses only the
-standard library, so a broken environment can still run it. Used by
+says, package by package, what differs and which command fixes it. Names and versions
+are read by `packaging`, with the rules pip itself applies. Used by
 `tests/test_envcheck.py` and by `python -m distcourse check`.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 LOCK_NAME = "requirements.lock"
 # The extras that `make` installs, so the ones the lock covers.
@@ -33,13 +37,18 @@ FIX_COMMANDS = (
     f'python -m pip install -c {LOCK_NAME} -e ".[{",".join(EXTRAS)}]"',
 )
 
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)$")
-_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
-
 
 def canonical(name: str) -> str:
     """PEP 503 form of a project name: `Jupyter_Book` and `jupyter-book` are one."""
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return canonicalize_name(name)
+
+
+def _requirement(text: str) -> Requirement | None:
+    """`text` as a requirement (`torch>=2.4`, `numpy==2.4.6`), or None."""
+    try:
+        return Requirement(text)
+    except InvalidRequirement:
+        return None
 
 
 def default_lock_path() -> Path:
@@ -59,10 +68,11 @@ def read_lock(path: Path) -> dict[str, str]:
         line = raw.split("#", 1)[0].split(";", 1)[0].strip()
         if not line:
             continue
-        match = _PIN.match(line)
-        if match is None:
+        req = _requirement(line)
+        specs = list(req.specifier) if req and not (req.extras or req.url) else []
+        if len(specs) != 1 or specs[0].operator != "==":
             raise ValueError(f"{path}:{number}: not a `name==version` pin: {raw!r}")
-        pins[canonical(match[1])] = match[2]
+        pins[canonical(req.name)] = specs[0].version
     return pins
 
 
@@ -92,12 +102,7 @@ def required_names(project: str = "distcourse") -> set[str]:
         requirements = importlib.metadata.requires(project) or []
     except importlib.metadata.PackageNotFoundError:
         return set()
-    names = set()
-    for requirement in requirements:
-        match = _NAME.match(requirement)
-        if match:
-            names.add(canonical(match[1]))
-    return names
+    return {canonical(req.name) for req in map(_requirement, requirements) if req}
 
 
 def version_matches(locked: str, installed: str) -> bool:
@@ -107,9 +112,10 @@ def version_matches(locked: str, installed: str) -> bool:
     `2.14.1+cpu` from the CPU wheel index (`make venv TORCH_INDEX=...`), as pip does
     when it installs with the lock as constraints.
     """
-    if installed == locked:
-        return True
-    return "+" not in locked and installed.split("+", 1)[0] == locked
+    try:
+        return Version(installed) in SpecifierSet(f"=={locked}")
+    except InvalidVersion:  # not PEP 440: only the same text matches
+        return installed == locked
 
 
 @dataclass(frozen=True)
@@ -190,9 +196,9 @@ def pin_environment_yml(text: str, locked: Mapping[str, str]) -> str:
         indent = len(line) - len(line.lstrip())
         if pip_indent is not None and line.strip() and indent <= pip_indent:
             pip_indent = None  # left the pip list
-        match = _NAME.match(line.strip().removeprefix("- "))
-        if pip_indent is not None and line.strip().startswith("- ") and match:
-            name = match[1]
+        req = _requirement(line.strip().removeprefix("- "))
+        if pip_indent is not None and line.strip().startswith("- ") and req:
+            name = req.name
             if canonical(name) not in locked:
                 raise ValueError(f"environment.yml: {name} is not in the lock")
             line = f"{line[:indent]}- {name}=={locked[canonical(name)]}"
