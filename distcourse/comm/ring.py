@@ -27,8 +27,12 @@ from distcourse.comm.agree import (
 PIECE_BYTES = 4 << 20  # reduce-scatter messages are cut into pieces of this size
 
 
-def _check_blocks(what: str, blocks: list, n: int, numel: int, dtype: object) -> None:
-    """ValueError unless `blocks` holds n tensors of `numel` elements of `dtype`."""
+def _check_blocks(
+    what: str, blocks: list, as_list: bool, size: int, numel: int, dtype: object
+) -> None:
+    """ValueError unless `blocks` is `size` tensors of `numel` elements of `dtype`
+    (`as_list`), or one tensor of size * numel elements: one block per rank."""
+    n, numel = (size, numel) if as_list else (1, size * numel)
     got = [f"{str(b.dtype).removeprefix('torch.')}[{b.numel()}]" for b in blocks]
     if len(blocks) != n or any(b.numel() != numel or b.dtype != dtype for b in blocks):
         raise ValueError(f"{what} must be {n} tensor(s) of {numel} {dtype} elements, "
@@ -124,8 +128,8 @@ def ring_all_gather(
     outs = output if as_list else [output]
 
     def local() -> int:
-        n, want = (g.size, tensor.numel()) if as_list else (1, g.size * tensor.numel())
-        _check_blocks("ring_all_gather: output", outs, n, want, tensor.dtype)
+        what = "ring_all_gather: output"
+        _check_blocks(what, outs, as_list, g.size, tensor.numel(), tensor.dtype)
         return -1
 
     agree("ring_all_gather", tensor, group, local, "", check)
@@ -154,8 +158,8 @@ def ring_reduce_scatter(
     blocks = input if as_list else [input]
 
     def local() -> int:
-        n, want = (g.size, output.numel()) if as_list else (1, g.size * output.numel())
-        _check_blocks("ring_reduce_scatter: input", blocks, n, want, output.dtype)
+        what = "ring_reduce_scatter: input"
+        _check_blocks(what, blocks, as_list, g.size, output.numel(), output.dtype)
         return reduce_op(op)
 
     key = agree("ring_reduce_scatter", output, group, local, "op", check)
