@@ -254,9 +254,12 @@ def _make_cluster(n: int, debug: bool = False) -> ipp.Cluster:
 
 
 def _activate(view: ipp.DirectView) -> None:
-    """Register %%px for `view`, configured for output that is the same every run."""
+    """Register %%px for `view`, configured for output that is the same every run,
+    and %%ranks (distcourse.launch.ranks)."""
     from ipyparallel.client.magics import ParallelMagics
     from IPython import get_ipython
+
+    from distcourse.launch import ranks
 
     shell = get_ipython()
     if shell is None:
@@ -265,6 +268,12 @@ def _activate(view: ipp.DirectView) -> None:
     magics.stream_output = False  # print all output after the cell, in rank order
     magics.progress_after_seconds = -1  # no progress bar in the stored output
     shell.magics_manager.register(magics)
+    ranks.register(shell)  # %%ranks: the same cell, each rank's output in a column
+
+
+def current() -> Ranks | None:
+    """The ranks this kernel started last and has not stopped (%%ranks runs there)."""
+    return _current
 
 
 def stop() -> None:
