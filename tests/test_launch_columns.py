@@ -16,7 +16,9 @@ from distcourse.launch.columns import (
 
 
 def test_lines_every_rank_printed_identically_fold_into_one_shared_row() -> None:
-    outputs = [[f"rank {r}: loss {r}.5", "parameters identical: True"] for r in range(4)]
+    outputs = [
+        [f"rank {r}: loss {r}.5", "parameters identical: True"] for r in range(4)
+    ]
     rows = fold(outputs)
     assert rows == [
         PerRank(tuple((f"rank {r}: loss {r}.5",) for r in range(4))),

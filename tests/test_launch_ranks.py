@@ -71,9 +71,7 @@ def test_an_exception_on_rank_two_names_rank_two(
 ) -> None:
     if world < 4:
         pytest.skip("needs a rank 2 and ranks after it")
-    outputs, error = _run(
-        shell, '%%ranks\nif rank == 2:\n    1 / 0\nprint("fine")'
-    )
+    outputs, error = _run(shell, '%%ranks\nif rank == 2:\n    1 / 0\nprint("fine")')
     assert isinstance(error, ranks.RankCellError) and error.rank == 2
     assert str(error) == "rank 2 failed: ZeroDivisionError: division by zero"
     shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error._render_traceback_()))

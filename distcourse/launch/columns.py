@@ -23,8 +23,7 @@ from dataclasses import dataclass
 # Inline styles: JupyterLab drops <style> elements of untrusted notebooks, not these.
 # Colours are translucent greys so that light and dark themes both read them.
 _TABLE = (
-    "width:100%;table-layout:fixed;border-collapse:collapse;margin:0;"
-    "font-size:0.85em"
+    "width:100%;table-layout:fixed;border-collapse:collapse;margin:0;font-size:0.85em"
 )
 _CELL = (
     "vertical-align:top;text-align:left;padding:0.25em 0.5em;"
@@ -91,8 +90,10 @@ def fold(outputs: list[list[str]]) -> list[Row]:
     rows: list[Row] = []
     starts = [0] * len(outputs)
     for anchor in _common(outputs):
-        ends = [out.index(anchor, s) for out, s in zip(outputs, starts)]
-        before = tuple(tuple(o[s:e]) for o, s, e in zip(outputs, starts, ends))
+        ends = [out.index(anchor, s) for out, s in zip(outputs, starts, strict=True)]
+        before = tuple(
+            tuple(o[s:e]) for o, s, e in zip(outputs, starts, ends, strict=True)
+        )
         if any(before):
             rows.append(PerRank(before))
         if rows and isinstance(rows[-1], Shared):
@@ -100,7 +101,7 @@ def fold(outputs: list[list[str]]) -> list[Row]:
         else:
             rows.append(Shared((anchor,)))
         starts = [e + 1 for e in ends]
-    rest = tuple(tuple(o[s:]) for o, s in zip(outputs, starts))
+    rest = tuple(tuple(o[s:]) for o, s in zip(outputs, starts, strict=True))
     if any(rest):
         rows.append(PerRank(rest))
     return rows
@@ -130,9 +131,7 @@ def to_html(
 ) -> str:
     """The text/html form: one column per rank, shared lines spanning them all."""
     failed = failed or {}
-    head = "".join(
-        f'<th style="{_HEAD}">rank {r}</th>' for r in range(world_size)
-    )
+    head = "".join(f'<th style="{_HEAD}">rank {r}</th>' for r in range(world_size))
     body = []
     for row in rows:
         if isinstance(row, Shared):

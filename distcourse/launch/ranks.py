@@ -107,7 +107,9 @@ def _rank_lines(ar: ipp.AsyncResult, i: int) -> tuple[list[str], list[bytes]]:
     return lines, pngs
 
 
-def execute(view: ipp.DirectView, cell: str, collect_figures: bool = True) -> CellResult:
+def execute(
+    view: ipp.DirectView, cell: str, collect_figures: bool = True
+) -> CellResult:
     """Run `cell` on every engine of `view` (engine r is rank r); collect the output."""
     ar = view.execute(cell, block=False, silent=False)
     failures: dict[int, tuple[str, str, str]] = {}
@@ -122,7 +124,7 @@ def execute(view: ipp.DirectView, cell: str, collect_figures: bool = True) -> Ce
     figures = [pngs for _, pngs in collected]
     if collect_figures:
         left_open = view.apply_sync(_open_figures)
-        figures = [shown + more for shown, more in zip(figures, left_open)]
+        figures = [shown + more for shown, more in zip(figures, left_open, strict=True)]
     failed = {r: f"{n}: {v}" for r, (n, v, _) in failures.items()}
     output = RankOutput([lines for lines, _ in collected], failed)
     return CellResult(output, figures, RankCellError(failures) if failures else None)
@@ -146,7 +148,7 @@ def side_by_side(pngs: dict[int, bytes], per_row: int = 4) -> bytes:
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax in axes:
         ax.set_axis_off()
-    for ax, (rank, img) in zip(axes, sorted(images.items())):
+    for ax, (rank, img) in zip(axes, sorted(images.items()), strict=False):
         ax.imshow(img)
         ax.set_title(f"rank {rank}", fontsize=16)
     fig.tight_layout()
