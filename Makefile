@@ -18,7 +18,7 @@ TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 NB_TIMEOUT ?= 180
 export IPYTHONDIR ?= $(CURDIR)/.ipython
 
-.PHONY: venv lock book test lint unit notebooks execute check clean
+.PHONY: venv lock book test lint unit notebooks browser execute check clean
 
 venv: $(VENV)/.installed
 
@@ -71,13 +71,19 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 
 unit: venv
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --ignore=tests/test_book_browser.py
 
 notebooks: venv
 	$(PY) -m pytest book --nbval --nbval-current-env \
 		--nbval-sanitize-with book/nbval.cfg --nbval-cell-timeout $(NB_TIMEOUT)
 
-test: lint unit notebooks
+# The built book in headless Chromium at 1280x900 (tests/test_book_browser.py): builds
+# it from the stored outputs first. Needs the system's chromium (README, "The browser
+# test"); nothing is downloaded.
+browser: book
+	$(PY) -m pytest tests/test_book_browser.py
+
+test: lint unit notebooks browser
 
 # Re-execute one notebook in place and store its outputs: make execute NB=book/01_quickstart.ipynb
 execute: venv

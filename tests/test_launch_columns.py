@@ -96,3 +96,12 @@ def test_failed_ranks_are_named_in_both_forms() -> None:
 def test_a_progress_bar_redrawn_in_place_keeps_its_last_state() -> None:
     assert split_lines("epoch 1/5\repoch 5/5\ndone\n") == ["epoch 5/5", "done"]
     assert split_lines("") == []
+
+
+def test_when_one_rank_alone_prints_only_its_column_is_drawn() -> None:
+    page = to_html(fold([["SUM 10", "MAX 4"], [], [], []]), 4)
+    assert re.findall(r"<th [^>]*>(.*?)</th>", page) == [
+        "rank 0 (the only rank that printed)"
+    ]
+    assert page.count("<td ") == 1 and "SUM 10\nMAX 4" in page
+    assert to_text(fold([[], ["got it"]])) == "[rank 1] got it"

@@ -36,6 +36,7 @@ _TEXT = (
     "white-space:pre-wrap;overflow-wrap:anywhere;word-break:break-word"
 )
 _ERROR = ";color:#c62828"
+_LABEL = "font-size:0.75em;opacity:0.65"
 
 
 @dataclass(frozen=True)
@@ -126,29 +127,51 @@ def _text(lines: tuple[str, ...] | list[str], style: str = "") -> str:
     return f'<div class="dc-rank-text" style="{_TEXT}{style}">{body}</div>'
 
 
+def _only_printer(rows: list[Row], failed: dict[int, str]) -> int | None:
+    """The one rank that printed, when exactly one did (and none failed)."""
+    printed = {
+        r for row in rows if isinstance(row, PerRank) for r, ls in enumerate(row.lines)
+        if ls
+    }  # fmt: skip
+    alone = len(printed) == 1 and not failed
+    return (
+        printed.pop() if alone and all(isinstance(r, PerRank) for r in rows) else None
+    )
+
+
 def to_html(
     rows: list[Row], world_size: int, failed: dict[int, str] | None = None
 ) -> str:
-    """The text/html form: one column per rank, shared lines spanning them all."""
+    """The text/html form: one column per rank, shared lines spanning them all.
+
+    When one rank alone printed (`if rank == 0: print(...)`), only its column is
+    drawn, headed with its number, instead of empty columns for the others.
+    """
     failed = failed or {}
-    head = "".join(f'<th style="{_HEAD}">rank {r}</th>' for r in range(world_size))
+    only = _only_printer(rows, failed) if world_size > 1 else None
+    shown = list(range(world_size)) if only is None else [only]
+    label = "rank {} (the only rank that printed)" if only is not None else "rank {}"
+    head = "".join(f'<th style="{_HEAD}">{label.format(r)}</th>' for r in shown)
     body = []
     for row in rows:
         if isinstance(row, Shared):
             body.append(
                 f'<tr class="dc-all-ranks"><td colspan="{world_size}" '
                 f'style="{_SHARED}" title="printed by every rank">'
+                f'<div class="dc-all-label" style="{_LABEL}">all ranks</div>'
                 f"{_text(row.lines)}</td></tr>"
             )
         else:
-            cells = "".join(f'<td style="{_CELL}">{_text(ls)}</td>' for ls in row.lines)
+            cells = "".join(
+                f'<td style="{_CELL}">{_text(row.lines[r])}</td>' for r in shown
+            )
             body.append(f"<tr>{cells}</tr>")
     if failed:
         cells = "".join(
             f'<td style="{_CELL}">'
             + (_text([f"raised {failed[r]}"], _ERROR) if r in failed else "")
             + "</td>"
-            for r in range(world_size)
+            for r in shown
         )
         body.append(f'<tr class="dc-rank-errors">{cells}</tr>')
     return (
