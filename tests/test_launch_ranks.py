@@ -98,3 +98,5 @@ def test_figures_come_from_rank_zero_or_from_every_rank(
     assert [o["text/plain"] for o in outputs] == ["<figure 1: ranks side by side>"]
     outputs, _ = _run(shell, f"%%ranks --figures none\n{draw}")
     assert outputs == []
+    outputs, error = _run(shell, f"%%ranks --figures {world}\nprint('ran')")
+    assert isinstance(error, ValueError) and outputs == []  # refused before running

@@ -75,7 +75,9 @@ class CellResult:
 
 
 def _open_figures() -> list[bytes]:
-    """Runs on a rank: every figure still open as PNG bytes, then closed."""
+    """Runs on a rank: every figure still open as PNG bytes, then closed.
+    Self-contained (imports inside): ipyparallel ships it to the engine by value."""
+    import io
     import sys
 
     if "matplotlib.pyplot" not in sys.modules:
@@ -211,6 +213,8 @@ class RankMagics(Magics):
             if current is None:
                 raise RuntimeError("no ranks running: start them with cluster.start(n)")
             view = current.view
+        if which.isdigit() and int(which) >= len(view):  # before running anything
+            raise ValueError(f"--figures {which}: there are {len(view)} ranks")
         result = execute(view, cell, collect_figures=which != "none")
         result.show(which)
 
