@@ -2,6 +2,7 @@
 
 - `agree`: the cross-rank argument check that turns mismatched calls into errors;
 - `ring`: ring all-reduce / all-gather / reduce-scatter, tree broadcast, naive;
+- `tree`: binomial-tree reduce and all-reduce (reduce up, broadcast down);
 - `autograd`: collectives with a backward (Megatron's f and g, split / gather,
   all-gather / reduce-scatter, all-to-all), for tensor parallel and global tensors;
 - `p2p`: send / receive between neighbours with a shape handshake, for pipelines;
@@ -25,6 +26,7 @@ from distcourse.comm.costmodel import (
     fit_alpha_beta,
     measure,
     predict,
+    sent_per_rank,
 )
 from distcourse.comm.ledger import Ledger, Record
 from distcourse.comm.p2p import recv_tensor, send_recv, send_tensor
@@ -35,6 +37,7 @@ from distcourse.comm.ring import (
     ring_reduce_scatter,
     tree_broadcast,
 )
+from distcourse.comm.tree import tree_all_reduce, tree_reduce
 
 __all__ = [
     "Cost", "Ledger", "Members", "Record", "agree", "all_gather_along",
@@ -42,5 +45,6 @@ __all__ = [
     "gather_from_group", "measure", "members", "naive_all_reduce", "predict",
     "recv_tensor", "reduce_from_group", "reduce_scatter_along", "ring_all_gather",
     "ring_all_reduce", "ring_reduce_scatter", "send_recv", "send_tensor",
-    "split_sizes", "split_to_group", "tree_broadcast",
+    "sent_per_rank", "split_sizes", "split_to_group", "tree_all_reduce",
+    "tree_broadcast", "tree_reduce",
 ]  # fmt: skip

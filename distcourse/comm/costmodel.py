@@ -50,12 +50,19 @@ def _tree_broadcast(s: float, n: int, a: float, b: float) -> Cost:
     return Cost(rounds, rounds * s, rounds * (a + b * s))
 
 
+def _tree_all_reduce(s: float, n: int, a: float, b: float) -> Cost:
+    # reduce up a binomial tree, broadcast down it: each way ceil(log2 N) rounds of S
+    rounds = math.ceil(math.log2(n)) if n > 1 else 0
+    return Cost(2 * rounds, rounds * s, 2 * rounds * (a + b * s))
+
+
 MODELS: dict[str, Callable[[float, int, float, float], Cost]] = {
     "ring_all_reduce": _ring_all_reduce,
     "naive_all_reduce": _naive_all_reduce,
     "ring_all_gather": _ring_gather,
     "ring_reduce_scatter": _ring_gather,
     "tree_broadcast": _tree_broadcast,
+    "tree_all_reduce": _tree_all_reduce,
 }
 
 
@@ -78,6 +85,27 @@ def predict(
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     return MODELS[collective](nbytes, world_size, alpha, beta)
+
+
+def sent_per_rank(collective: str, nbytes: int, world_size: int) -> list[int]:
+    """Bytes each group rank sends in an all-reduce of `nbytes`, rank by rank.
+
+    ring: 2(N-1)/N * S each (S a multiple of N elements); naive: (N-1) * S from the
+    root, S from every other rank; tree: S up the tree from every rank but the root,
+    then S in each broadcast round of mask 2**k where rank < 2**k and rank + 2**k
+    < N (the root: ceil(log2 N) * S). What a Ledger must count on the real sends.
+    """
+    n, s = world_size, nbytes
+    if collective == "ring_all_reduce":
+        return [2 * (n - 1) * s // n] * n
+    if collective == "naive_all_reduce":
+        return [(n - 1) * s] + [s] * (n - 1)
+    if collective == "tree_all_reduce":
+        masks = [1 << k for k in range(max(n - 1, 0).bit_length())]
+        down = [sum(r < m and r + m < n for m in masks) for r in range(n)]
+        return [(d + (r != 0)) * s for r, d in enumerate(down)]
+    raise ValueError(f"sent_per_rank knows ring_all_reduce, naive_all_reduce and "
+                     f"tree_all_reduce, not {collective!r}")  # fmt: skip
 
 
 _BUS_FACTOR = {
