@@ -66,6 +66,44 @@ def _measure() -> dict:
     )
 
 
+@pytest.mark.parametrize(
+    "name", ["ring_all_reduce", "naive_all_reduce", "tree_all_reduce"]
+)
+def test_fit_collective_recovers_alpha_and_beta_of_its_own_model(name: str) -> None:
+    alpha, beta, n = 200e-6, 1 / 1e9, 4
+    sizes = [4.0**k * 1024 for k in range(6)]
+    times = [costmodel.predict(name, s, n, alpha, beta).seconds for s in sizes]
+    assert costmodel.fit_collective(name, sizes, times, n) == (
+        pytest.approx(alpha),
+        pytest.approx(beta),
+    )
+    noisy = [t * (1.3 if i % 2 else 0.8) for i, t in enumerate(times)]
+    fit_a, fit_b = costmodel.fit_collective(name, sizes, noisy, n)
+    assert 0.5 * alpha < fit_a < 2 * alpha and 0.5 * beta < fit_b < 2 * beta
+    with pytest.raises(ValueError, match="at least two"):
+        costmodel.fit_collective(name, [1.0], [1.0], n)
+
+
+def test_within_factor_is_a_verdict_that_can_fail() -> None:
+    assert (
+        costmodel.within_factor([1.0, 2.0], [2.5, 1.0], 3) == "within a factor 3: PASS"
+    )
+    assert costmodel.within_factor([1.0], [4.0], 3) == "off by a factor 4.0 > 3: FAIL"
+    with pytest.raises(ValueError, match="factor must be above 1"):
+        costmodel.within_factor([1.0], [1.0], 1)
+
+
+def _spread() -> list:
+    return costmodel.measure(dist.all_reduce, [64, 4096], repeats=3, spread=True)
+
+
+def test_measure_with_spread_keeps_every_repeat_sorted() -> None:
+    results = spawn(_spread, 2)
+    assert results[0] == results[1]
+    for runs in results[0]:
+        assert len(runs) == 3 and runs == sorted(runs) and runs[0] > 0
+
+
 def test_measure_times_each_size_and_agrees_across_ranks() -> None:
     results = spawn(_measure, 2)
     assert results[0] == results[1]  # the maximum over ranks, so every rank agrees

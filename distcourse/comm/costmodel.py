@@ -146,6 +146,45 @@ def fit_alpha_beta(
     return float(alpha), float(beta)
 
 
+def fit_collective(
+    collective: str, sizes_bytes: Sequence[float], times_s: Sequence[float],
+    world_size: int,
+) -> tuple[float, float]:  # fmt: skip
+    """alpha and beta that make `predict(collective, ...)` fit measured times best.
+
+    The model is linear in alpha and beta: t = steps * alpha + k(S) * beta, where
+    k(S) is the predicted time with alpha = 0 and beta = 1. A relative least-squares
+    fit (each point weighted by 1/t, as in fit_alpha_beta) of the collective's own
+    times, on the ranks it ran on, gives the alpha and beta of those conditions.
+    """
+    s = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if s.shape != t.shape or s.size < 2:
+        raise ValueError("need at least two (size, time) pairs of equal length")
+    steps = [predict(collective, x, world_size, 1.0, 0.0).seconds for x in s]
+    per_byte = [predict(collective, x, world_size, 0.0, 1.0).seconds for x in s]
+    design = np.stack([steps, per_byte], axis=1) / t[:, None]  # (points, 2)
+    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    return float(alpha), float(beta)
+
+
+def within_factor(
+    predicted: Sequence[float], measured: Sequence[float], factor: float
+) -> str:
+    """Does every prediction lie within `factor` of its measurement, either way?
+
+    A verdict as text that does not change with the timings while it holds, for
+    stored notebook output: 'within a factor 3: PASS'. A FAIL shows the worst ratio.
+    """
+    if not factor > 1:
+        raise ValueError(f"factor must be above 1, got {factor}")
+    ratios = [max(p / m, m / p) for p, m in zip(predicted, measured, strict=True)]
+    worst = max(ratios, default=1.0)
+    if worst <= factor:
+        return f"within a factor {factor:g}: PASS"
+    return f"off by a factor {worst:.1f} > {factor:g}: FAIL"
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -158,18 +197,21 @@ def measure(
     warmup: int = 1,
     dtype: torch.dtype = torch.float32,
     group: dist.ProcessGroup | None = None,
-) -> list[float] | dict[str, list[float]]:
+    spread: bool = False,
+) -> list | dict[str, list]:
     """Seconds per call of a collective `fn(tensor)`, for tensors of each size in bytes.
 
     Every rank must call it. Each timing starts after a barrier; a size's time is the
     median of `repeats`, then the maximum over ranks (the slowest rank sets the pace).
-    Pass a dict of functions to time them alternately on the same tensors.
+    With `spread`, a size's entry is instead the sorted list of all `repeats` times,
+    each the slowest rank's, to show how much they vary. Pass a dict of functions to
+    time them alternately on the same tensors.
     """
     runtime.require_initialized()
     fns = fn if isinstance(fn, dict) else {"fn": fn}
     device = runtime.device()
     item = torch.empty((), dtype=dtype).element_size()
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    times: dict[str, list] = {name: [] for name in fns}
     for size in sizes:
         x = torch.zeros(max(size // item, 1), dtype=dtype, device=device)
         runs: dict[str, list[float]] = {name: [] for name in fns}
@@ -182,8 +224,9 @@ def measure(
                 if rep >= warmup:
                     runs[name].append(time.perf_counter() - start)
         for name in fns:
-            median = statistics.median(runs[name])
-            slowest = torch.tensor([median], dtype=torch.float64, device=device)
+            mine = runs[name] if spread else [statistics.median(runs[name])]
+            slowest = torch.tensor(mine, dtype=torch.float64, device=device)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-            times[name].append(slowest.item())
+            got = sorted(slowest.tolist())
+            times[name].append(got if spread else got[0])
     return times if isinstance(fn, dict) else times["fn"]
