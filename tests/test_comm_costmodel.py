@@ -89,6 +89,7 @@ def test_within_factor_is_a_verdict_that_can_fail() -> None:
         costmodel.within_factor([1.0, 2.0], [2.5, 1.0], 3) == "within a factor 3: PASS"
     )
     assert costmodel.within_factor([1.0], [4.0], 3) == "off by a factor 4.0 > 3: FAIL"
+    assert costmodel.within_factor([-1.0], [1.0], 3).endswith("FAIL")
     with pytest.raises(ValueError, match="factor must be above 1"):
         costmodel.within_factor([1.0], [1.0], 1)
 

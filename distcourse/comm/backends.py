@@ -124,19 +124,19 @@ def try_each() -> dict[str, str]:
 def table(measured: dict[str, str], column: str) -> str:
     """A text table: `measured` (from try_each) as `column`, then DOCS' columns.
 
-    The header marks the measured column "(run)" and the cited ones "(docs)"; where
-    the docs have a column of the same name, a last line says whether they agree.
+    Column headers take three lines, e.g. "gloo / CPU / (run)": the measured column
+    is marked "(run)", the cited ones "(docs)". Where the docs have a column of the
+    same name, a last line says on how many operations run and docs agree.
     """
     cited = [c for c in DOCS if c != column]
-    heads = [f"{column} (run)"] + [f"{c} (docs)" for c in cited]
-    widths = [max(len(h), 4) + 2 for h in heads]
+    heads = [[*column.split(" ", 1), "(run)"]] + [[*c.split(), "(docs)"] for c in cited]
+    width = max(len(word) for head in heads for word in head) + 2
 
     def line(first: str, cells: list[str]) -> str:
-        return f"{first:<16}" + "".join(
-            f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)
-        )
+        return (f"{first:<16}" + "".join(f"{c:^{width}}" for c in cells)).rstrip()
 
-    lines = [line("operation", heads)]
+    lines = [line("", [h[k] if k < len(h) else "" for h in heads]) for k in range(3)]
+    lines[-1] = "operation" + lines[-1][len("operation") :]
     for i, op in enumerate(OPS):
         lines.append(line(op, [measured[op]] + [DOCS[c][i] for c in cited]))
     if column in DOCS:

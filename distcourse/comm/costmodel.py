@@ -174,11 +174,13 @@ def within_factor(
     """Does every prediction lie within `factor` of its measurement, either way?
 
     A verdict as text that does not change with the timings while it holds, for
-    stored notebook output: 'within a factor 3: PASS'. A FAIL shows the worst ratio.
+    stored notebook output: 'within a factor 3: PASS'. A FAIL shows the worst ratio;
+    a time that is not positive (a fit with a negative alpha can predict one) fails.
     """
     if not factor > 1:
         raise ValueError(f"factor must be above 1, got {factor}")
-    ratios = [max(p / m, m / p) for p, m in zip(predicted, measured, strict=True)]
+    pairs = zip(predicted, measured, strict=True)
+    ratios = [max(p / m, m / p) if p > 0 and m > 0 else math.inf for p, m in pairs]
     worst = max(ratios, default=1.0)
     if worst <= factor:
         return f"within a factor {factor:g}: PASS"
