@@ -67,3 +67,19 @@ def _mismatched_ops() -> None:
 def test_mismatched_calls_fail_on_every_rank() -> None:
     with pytest.raises(RankError, match=r"ValueError: .*op=(MAX|SUM)"):
         spawn(_mismatched_ops, 3)
+
+
+def _on_a_subgroup() -> bool:
+    """Ranks 1, 2, 3 of 4 form a group (its root is global rank 1); rank 0 stays out."""
+    rank = dist.get_rank()
+    group = dist.new_group([1, 2, 3])
+    if rank == 0:
+        return True
+    x = _data(rank, 9, torch.float32)
+    want = x.clone()
+    dist.all_reduce(want, group=group)
+    return torch.equal(comm.tree_all_reduce(x, group=group), want)
+
+
+def test_tree_all_reduce_works_on_a_subgroup() -> None:
+    assert all(spawn(_on_a_subgroup, 4))

@@ -34,7 +34,7 @@ def tree_reduce(
     buf = torch.empty_like(flat) if flat.numel() else flat
     mask = 1
     while mask < g.size and flat.numel():
-        if g.rank & mask:  # my turn to hand my partial result down the tree
+        if g.rank & mask:  # my turn: hand my partial result up, towards the root
             dist.isend(flat, g.ranks[g.rank - mask], group=g.group).wait()
             break
         if g.rank + mask < g.size:  # a child this round: add its partial result
