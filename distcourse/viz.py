@@ -77,20 +77,27 @@ def _finish(fig: Figure, ax: plt.Axes, title: str) -> Figure:
 
 def cost_plot(
     sizes: Sequence[float],
-    measured: dict[str, Sequence[float]],
+    measured: dict[str, Sequence],
     predicted: dict[str, Sequence[float]],
     title: str = "",
 ) -> Figure:
     """Measured times (dots) against the alpha-beta prediction (dashed), log-log.
 
     A key present in both dicts gets one colour, so each algorithm's dots sit on (or
-    off) its own line.
+    off) its own line. A measured entry may be a list of repeats per size (as
+    `costmodel.measure(..., spread=True)` gives): the dot is the fastest repeat and
+    a vertical bar runs to the slowest, so the spread shows.
     """
     fig, ax = plt.subplots(figsize=(6, 4))
     colors = {}
     for name, times in measured.items():
-        (dots,) = ax.loglog(sizes, times, "o", label=f"{name} measured")
+        runs = [t if isinstance(t, Sequence) else [t] for t in times]
+        best = [min(r) for r in runs]
+        (dots,) = ax.loglog(sizes, best, "o", label=f"{name} measured")
         colors[name] = dots.get_color()
+        if any(len(r) > 1 for r in runs):
+            worst = [max(r) for r in runs]
+            ax.vlines(sizes, best, worst, color=colors[name], alpha=0.5)
     for name, times in predicted.items():
         ax.loglog(sizes, times, "--", color=colors.get(name), label=f"{name} model")
     ax.set_xlabel("message size (bytes)")

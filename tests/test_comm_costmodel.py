@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 import torch.distributed as dist
 
 from distcourse import comm
@@ -65,8 +66,80 @@ def _measure() -> dict:
     )
 
 
+@pytest.mark.parametrize(
+    "name", ["ring_all_reduce", "naive_all_reduce", "tree_all_reduce"]
+)
+def test_fit_collective_recovers_alpha_and_beta_of_its_own_model(name: str) -> None:
+    alpha, beta, n = 200e-6, 1 / 1e9, 4
+    sizes = [4.0**k * 1024 for k in range(6)]
+    times = [costmodel.predict(name, s, n, alpha, beta).seconds for s in sizes]
+    assert costmodel.fit_collective(name, sizes, times, n) == (
+        pytest.approx(alpha),
+        pytest.approx(beta),
+    )
+    noisy = [t * (1.3 if i % 2 else 0.8) for i, t in enumerate(times)]
+    fit_a, fit_b = costmodel.fit_collective(name, sizes, noisy, n)
+    assert 0.5 * alpha < fit_a < 2 * alpha and 0.5 * beta < fit_b < 2 * beta
+    with pytest.raises(ValueError, match="at least two"):
+        costmodel.fit_collective(name, [1.0], [1.0], n)
+
+
+def test_within_factor_is_a_verdict_that_can_fail() -> None:
+    assert (
+        costmodel.within_factor([1.0, 2.0], [2.5, 1.0], 3) == "within a factor 3: PASS"
+    )
+    assert costmodel.within_factor([1.0], [4.0], 3) == "off by a factor 4.0 > 3: FAIL"
+    assert costmodel.within_factor([-1.0], [1.0], 3).endswith("FAIL")
+    with pytest.raises(ValueError, match="factor must be above 1"):
+        costmodel.within_factor([1.0], [1.0], 1)
+
+
+def _spread() -> list:
+    return costmodel.measure(dist.all_reduce, [64, 4096], repeats=3, spread=True)
+
+
+def test_measure_with_spread_keeps_every_repeat_sorted() -> None:
+    results = spawn(_spread, 2)
+    assert results[0] == results[1]
+    for runs in results[0]:
+        assert len(runs) == 3 and runs == sorted(runs) and runs[0] > 0
+
+
 def test_measure_times_each_size_and_agrees_across_ranks() -> None:
     results = spawn(_measure, 2)
     assert results[0] == results[1]  # the maximum over ranks, so every rank agrees
     for times in results[0].values():
         assert len(times) == 2 and all(0 < t < 5 for t in times)
+
+
+def test_tree_all_reduce_cost_and_bytes_per_rank() -> None:
+    s, a, b = 1e6, 1e-5, 1e-9
+    for n, rounds in [(1, 0), (2, 1), (3, 2), (4, 2), (5, 3), (8, 3)]:
+        tree = costmodel.predict("tree_all_reduce", s, n, a, b)
+        assert (tree.steps, tree.bytes_sent) == (2 * rounds, rounds * s)
+        assert tree.seconds == pytest.approx(2 * rounds * (a + b * s))
+        per_rank = costmodel.sent_per_rank("tree_all_reduce", 8, n)
+        assert sum(per_rank) == 2 * (n - 1) * 8 and max(per_rank) == rounds * 8
+    assert costmodel.sent_per_rank("naive_all_reduce", 8, 3) == [16, 8, 8]
+    assert costmodel.sent_per_rank("ring_all_reduce", 8, 4) == [12] * 4
+    with pytest.raises(ValueError, match="not 'ring_all_gather'"):
+        costmodel.sent_per_rank("ring_all_gather", 8, 4)
+
+
+def _ledger_counts(nbytes: int) -> dict[str, int]:
+    x = torch.ones(nbytes // 4)
+    sent = {}
+    for name in ("ring_all_reduce", "naive_all_reduce"):
+        with comm.Ledger() as ledger:
+            getattr(comm, name)(x.clone(), check=False)
+        sent[name] = ledger.bytes_sent()
+    return sent
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_ledger_on_the_real_sends_equals_sent_per_rank(n: int) -> None:
+    nbytes = 4 * 12 * 1000  # a multiple of every N here: equal ring chunks
+    counted = spawn(_ledger_counts, n, nbytes)
+    for name in ("ring_all_reduce", "naive_all_reduce"):
+        want = costmodel.sent_per_rank(name, nbytes, n)
+        assert [c[name] for c in counted] == want, name

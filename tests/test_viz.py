@@ -40,6 +40,15 @@ def test_cost_plot_is_log_log_with_a_line_per_series() -> None:
     assert dots.get_color() == line.get_color()  # one colour per algorithm
 
 
+def test_cost_plot_draws_the_spread_of_repeats_as_bars() -> None:
+    runs = [[1e-4, 3e-4], [2e-4, 2e-4], [1e-3, 5e-3]]  # sorted repeats per size
+    fig = viz.cost_plot([1e3, 1e4, 1e5], {"tree": runs}, {"tree": [1e-4, 2e-4, 1e-3]})
+    ax = fig.axes[0]
+    (bars,) = ax.collections
+    assert len(bars.get_segments()) == 3
+    assert list(ax.get_lines()[0].get_ydata()) == [1e-4, 2e-4, 1e-3]  # the fastest
+
+
 def test_timeline_puts_compute_on_top_and_one_row_per_bucket() -> None:
     from distcourse.trace import Event
 

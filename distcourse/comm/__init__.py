@@ -2,6 +2,7 @@
 
 - `agree`: the cross-rank argument check that turns mismatched calls into errors;
 - `ring`: ring all-reduce / all-gather / reduce-scatter, tree broadcast, naive;
+- `tree`: binomial-tree reduce and all-reduce (reduce up, broadcast down);
 - `autograd`: collectives with a backward (Megatron's f and g, split / gather,
   all-gather / reduce-scatter, all-to-all), for tensor parallel and global tensors;
 - `p2p`: send / receive between neighbours with a shape handshake, for pipelines;
@@ -23,8 +24,11 @@ from distcourse.comm.costmodel import (
     Cost,
     bus_bandwidth,
     fit_alpha_beta,
+    fit_collective,
     measure,
     predict,
+    sent_per_rank,
+    within_factor,
 )
 from distcourse.comm.ledger import Ledger, Record
 from distcourse.comm.p2p import recv_tensor, send_recv, send_tensor
@@ -35,12 +39,14 @@ from distcourse.comm.ring import (
     ring_reduce_scatter,
     tree_broadcast,
 )
+from distcourse.comm.tree import tree_all_reduce, tree_reduce
 
 __all__ = [
     "Cost", "Ledger", "Members", "Record", "agree", "all_gather_along",
     "all_to_all_along", "bus_bandwidth", "copy_to_group", "fit_alpha_beta",
-    "gather_from_group", "measure", "members", "naive_all_reduce", "predict",
-    "recv_tensor", "reduce_from_group", "reduce_scatter_along", "ring_all_gather",
-    "ring_all_reduce", "ring_reduce_scatter", "send_recv", "send_tensor",
-    "split_sizes", "split_to_group", "tree_broadcast",
+    "fit_collective", "gather_from_group", "measure", "members", "naive_all_reduce",
+    "predict", "recv_tensor", "reduce_from_group", "reduce_scatter_along",
+    "ring_all_gather", "ring_all_reduce", "ring_reduce_scatter", "send_recv",
+    "send_tensor", "sent_per_rank", "split_sizes", "split_to_group",
+    "tree_all_reduce", "tree_broadcast", "tree_reduce", "within_factor",
 ]  # fmt: skip

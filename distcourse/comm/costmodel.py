@@ -50,12 +50,19 @@ def _tree_broadcast(s: float, n: int, a: float, b: float) -> Cost:
     return Cost(rounds, rounds * s, rounds * (a + b * s))
 
 
+def _tree_all_reduce(s: float, n: int, a: float, b: float) -> Cost:
+    # reduce up a binomial tree, broadcast down it: each way ceil(log2 N) rounds of S
+    rounds = math.ceil(math.log2(n)) if n > 1 else 0
+    return Cost(2 * rounds, rounds * s, 2 * rounds * (a + b * s))
+
+
 MODELS: dict[str, Callable[[float, int, float, float], Cost]] = {
     "ring_all_reduce": _ring_all_reduce,
     "naive_all_reduce": _naive_all_reduce,
     "ring_all_gather": _ring_gather,
     "ring_reduce_scatter": _ring_gather,
     "tree_broadcast": _tree_broadcast,
+    "tree_all_reduce": _tree_all_reduce,
 }
 
 
@@ -78,6 +85,27 @@ def predict(
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     return MODELS[collective](nbytes, world_size, alpha, beta)
+
+
+def sent_per_rank(collective: str, nbytes: int, world_size: int) -> list[int]:
+    """Bytes each group rank sends in an all-reduce of `nbytes`, rank by rank.
+
+    ring: 2(N-1)/N * S each (S a multiple of N elements); naive: (N-1) * S from the
+    root, S from every other rank; tree: S up the tree from every rank but the root,
+    then S in each broadcast round of mask 2**k where rank < 2**k and rank + 2**k
+    < N (the root: ceil(log2 N) * S). What a Ledger must count on the real sends.
+    """
+    n, s = world_size, nbytes
+    if collective == "ring_all_reduce":
+        return [2 * (n - 1) * s // n] * n
+    if collective == "naive_all_reduce":
+        return [(n - 1) * s] + [s] * (n - 1)
+    if collective == "tree_all_reduce":
+        masks = [1 << k for k in range(max(n - 1, 0).bit_length())]
+        down = [sum(r < m and r + m < n for m in masks) for r in range(n)]
+        return [(d + (r != 0)) * s for r, d in enumerate(down)]
+    raise ValueError(f"sent_per_rank knows ring_all_reduce, naive_all_reduce and "
+                     f"tree_all_reduce, not {collective!r}")  # fmt: skip
 
 
 _BUS_FACTOR = {
@@ -118,6 +146,47 @@ def fit_alpha_beta(
     return float(alpha), float(beta)
 
 
+def fit_collective(
+    collective: str, sizes_bytes: Sequence[float], times_s: Sequence[float],
+    world_size: int,
+) -> tuple[float, float]:  # fmt: skip
+    """alpha and beta that make `predict(collective, ...)` fit measured times best.
+
+    The model is linear in alpha and beta: t = steps * alpha + k(S) * beta, where
+    k(S) is the predicted time with alpha = 0 and beta = 1. A relative least-squares
+    fit (each point weighted by 1/t, as in fit_alpha_beta) of the collective's own
+    times, on the ranks it ran on, gives the alpha and beta of those conditions.
+    """
+    s = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if s.shape != t.shape or s.size < 2:
+        raise ValueError("need at least two (size, time) pairs of equal length")
+    steps = [predict(collective, x, world_size, 1.0, 0.0).seconds for x in s]
+    per_byte = [predict(collective, x, world_size, 0.0, 1.0).seconds for x in s]
+    design = np.stack([steps, per_byte], axis=1) / t[:, None]  # (points, 2)
+    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    return float(alpha), float(beta)
+
+
+def within_factor(
+    predicted: Sequence[float], measured: Sequence[float], factor: float
+) -> str:
+    """Does every prediction lie within `factor` of its measurement, either way?
+
+    A verdict as text that does not change with the timings while it holds, for
+    stored notebook output: 'within a factor 3: PASS'. A FAIL shows the worst ratio;
+    a time that is not positive (a fit with a negative alpha can predict one) fails.
+    """
+    if not factor > 1:
+        raise ValueError(f"factor must be above 1, got {factor}")
+    pairs = zip(predicted, measured, strict=True)
+    ratios = [max(p / m, m / p) if p > 0 and m > 0 else math.inf for p, m in pairs]
+    worst = max(ratios, default=1.0)
+    if worst <= factor:
+        return f"within a factor {factor:g}: PASS"
+    return f"off by a factor {worst:.1f} > {factor:g}: FAIL"
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -130,18 +199,21 @@ def measure(
     warmup: int = 1,
     dtype: torch.dtype = torch.float32,
     group: dist.ProcessGroup | None = None,
-) -> list[float] | dict[str, list[float]]:
+    spread: bool = False,
+) -> list | dict[str, list]:
     """Seconds per call of a collective `fn(tensor)`, for tensors of each size in bytes.
 
     Every rank must call it. Each timing starts after a barrier; a size's time is the
     median of `repeats`, then the maximum over ranks (the slowest rank sets the pace).
-    Pass a dict of functions to time them alternately on the same tensors.
+    With `spread`, a size's entry is instead the sorted list of all `repeats` times,
+    each the slowest rank's, to show how much they vary. Pass a dict of functions to
+    time them alternately on the same tensors.
     """
     runtime.require_initialized()
     fns = fn if isinstance(fn, dict) else {"fn": fn}
     device = runtime.device()
     item = torch.empty((), dtype=dtype).element_size()
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    times: dict[str, list] = {name: [] for name in fns}
     for size in sizes:
         x = torch.zeros(max(size // item, 1), dtype=dtype, device=device)
         runs: dict[str, list[float]] = {name: [] for name in fns}
@@ -154,8 +226,9 @@ def measure(
                 if rep >= warmup:
                     runs[name].append(time.perf_counter() - start)
         for name in fns:
-            median = statistics.median(runs[name])
-            slowest = torch.tensor([median], dtype=torch.float64, device=device)
+            mine = runs[name] if spread else [statistics.median(runs[name])]
+            slowest = torch.tensor(mine, dtype=torch.float64, device=device)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-            times[name].append(slowest.item())
+            got = sorted(slowest.tolist())
+            times[name].append(got if spread else got[0])
     return times if isinstance(fn, dict) else times["fn"]
