@@ -42,6 +42,43 @@ def overlap(a: Event, b: Event) -> float:
     return max(0.0, min(a.end, b.end) - max(a.start, b.start))
 
 
+def covered(events: Sequence[Event]) -> float:
+    """Seconds during which at least one of the spans ran (overlaps counted once)."""
+    total, reach = 0.0, float("-inf")
+    for e in sorted(events, key=lambda e: e.start):
+        if e.end > reach:
+            total += e.end - max(e.start, reach)
+            reach = e.end
+    return total
+
+
+def hidden_fraction(
+    events: Sequence[Event | tuple[str, float, float]],
+    comm: str = "all_reduce",
+    behind: str = "backward",
+) -> float:
+    """Share of the time communication was in flight that fell inside compute: 0 to 1.
+
+    DDP's point is to hide its all-reduces behind backward. Of the seconds during which
+    some span named `comm ...` (e.g. "all_reduce 0") was in flight, overlapping spans
+    counted once, this is the part during which the span named `behind` was running;
+    the rest lengthens the step. 0.0 when there is no communication.
+    """
+    items = as_events(events)
+    windows = [e for e in items if e.name == behind]
+    if len(windows) != 1:
+        raise ValueError(f"need exactly one span named {behind!r}, got {len(windows)}")
+    window = windows[0]
+    sent = [e for e in items if e.name.split()[0] == comm]
+    inside = [
+        Event(e.name, max(e.start, window.start), min(e.end, window.end))
+        for e in sent
+        if overlap(e, window) > 0
+    ]
+    busy = covered(sent)
+    return covered(inside) / busy if busy > 0 else 0.0
+
+
 def as_events(items: Sequence[Event | tuple[str, float, float]]) -> list[Event]:
     """Events from Events or (name, start, end) tuples, e.g. pulled from a rank."""
     return [

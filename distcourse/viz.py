@@ -6,6 +6,7 @@ displays the returned figure, a test inspects it, and the Agg backend is enough.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
@@ -156,25 +157,29 @@ def timeline(
     return _finish(fig, ax, title)
 
 
-def bucket_sweep(
-    caps_mb: Sequence[float],
-    seconds: dict[str, Sequence[float]],
-    reference: dict[str, float] | None = None,
-    title: str = "",
+def hidden_sweep(
+    caps_mb: Sequence[float], shares: Sequence[Sequence[float]], title: str = ""
 ) -> Figure:
-    """Step time (ms) against bucket size (MB, log scale), one line per series.
+    """Share of all-reduce time hidden behind backward (%) against bucket size (MB).
 
-    `reference` draws a dashed horizontal line per entry, for an implementation with
-    no bucket size to vary (e.g. one all-reduce per parameter after backward).
+    `shares[i]` holds the samples measured with cap `caps_mb[i]` (e.g. every rank's
+    steps): a dot at their median and a bar from the smallest to the largest, so the
+    spread of a timing-based measurement stays in view.
     """
+    medians = [100 * statistics.median(s) for s in shares]
+    below = [m - 100 * min(s) for m, s in zip(medians, shares, strict=True)]
+    above = [100 * max(s) - m for m, s in zip(medians, shares, strict=True)]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for name, times in seconds.items():
-        ax.semilogx(caps_mb, [1e3 * t for t in times], "o-", label=name)
-    for i, (name, value) in enumerate((reference or {}).items()):
-        ax.axhline(1e3 * value, color=f"C{i + len(seconds)}", ls="--", label=name)
+    ax.errorbar(
+        caps_mb, medians, yerr=[below, above], fmt="o-", capsize=4,
+        label="median; bar: smallest to largest",
+    )  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xticks(caps_mb, [f"{cap:g}" for cap in caps_mb])
+    ax.minorticks_off()
     ax.set_xlabel("bucket size (MB)")
-    ax.set_ylabel("step time (ms)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylabel("all-reduce time hidden (%)")
+    ax.set_ylim(0, 100)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
     return _finish(fig, ax, title)

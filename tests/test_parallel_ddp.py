@@ -20,6 +20,7 @@ from distcourse.examples.datasets import synthetic_regression
 from distcourse.launch import spawn
 from distcourse.parallel.buckets import assign_buckets
 from distcourse.parallel.ddp import DDP, average_gradients, partition
+from distcourse.trace import hidden_fraction
 
 ATOL = 1e-6
 B, STEPS, LR = 16, 3, 0.1  # global batch, optimizer steps, SGD learning rate
@@ -313,9 +314,9 @@ def test_average_gradients_treats_missing_grads_as_zeros() -> None:
 # ----------------------------------------------------------------- timeline --------
 
 
-def _timeline() -> list[tuple[str, float, float]]:
+def _timeline(cap_mb: float = 1e-6) -> list[tuple[str, float, float]]:
     model = models.wide_mlp(width=256, depth=4, d_in=64)  # 8 parameters
-    ddp = DDP(model, bucket_cap_mb=1e-6)  # one bucket each
+    ddp = DDP(model, bucket_cap_mb=cap_mb)  # default: one bucket each
     x, y = torch.randn(16, 64), torch.randint(0, 10, (16,))
     for _ in range(2):
         model.zero_grad()
@@ -333,9 +334,20 @@ def test_timeline_shows_all_reduce_overlapping_backward() -> None:
         assert spans["forward"][1] <= backward_start
         launches = [spans[name][0] for name in buckets]
         assert launches == sorted(launches)  # bucket 0 (the last layer) goes first
-        # overlap: every all-reduce starts while backward is still computing
-        assert all(backward_start <= t < backward_end for t in launches)
+        # backward ends with the last gradient (0.weight, bucket 7): every other
+        # bucket starts while backward still computes, the last one after it
+        assert all(backward_start <= t < backward_end for t in launches[:-1])
+        assert backward_end <= launches[-1]
+        assert spans["wait"][0] == backward_end
         assert all(spans[name][1] <= spans["wait"][1] for name in buckets)
+        assert 0 < hidden_fraction(timeline) < 1
+
+
+def test_one_bucket_hides_nothing_behind_backward() -> None:
+    for timeline in spawn(_timeline, 2, 1e3):  # every gradient in one bucket
+        names = [name for name, _, _ in timeline]
+        assert names.count("all_reduce 0") == 1 and "all_reduce 1" not in names
+        assert hidden_fraction(timeline) == 0.0  # sent after the last gradient
 
 
 # ---------------------------------------------------------------- partition --------

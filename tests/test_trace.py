@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
-from distcourse.trace import Event, as_events, overlap, span
+import pytest
+
+from distcourse.trace import Event, as_events, covered, hidden_fraction, overlap, span
 
 
 def test_span_records_the_block_even_when_it_raises() -> None:
@@ -29,3 +31,26 @@ def test_overlap_of_spans() -> None:
 def test_as_events_accepts_events_and_tuples() -> None:
     mixed = [Event("a", 1.0, 2.0), ("b", 2, 3)]
     assert as_events(mixed) == [Event("a", 1.0, 2.0), Event("b", 2.0, 3.0)]
+
+
+def test_covered_counts_overlapping_spans_once() -> None:
+    spans = [Event("a", 0.0, 2.0), Event("b", 1.0, 3.0), Event("c", 5.0, 6.0)]
+    assert covered(spans) == 4.0
+    assert covered([Event("inner", 0.5, 1.0), Event("outer", 0.0, 2.0)]) == 2.0
+    assert covered([]) == 0.0
+
+
+def test_hidden_fraction_is_the_share_of_communication_inside_backward() -> None:
+    step = [
+        ("backward", 0.0, 4.0),
+        ("all_reduce 0", 1.0, 5.0),  # 3 of its 4 s inside backward
+        ("all_reduce 1", 4.0, 6.0),  # launched after the last gradient: none
+        ("wait", 4.0, 6.0),
+    ]
+    assert hidden_fraction(step) == 3.0 / 5.0  # 3 s hidden of 5 s in flight
+    assert hidden_fraction([("backward", 0, 4), ("all_reduce 0", 1, 3)]) == 1.0
+    late = [("backward", 0.0, 4.0), ("all_reduce 0", 4.0, 6.0)]
+    assert hidden_fraction(late) == 0.0  # one bucket sent after backward: nothing
+    assert hidden_fraction([("backward", 0.0, 1.0)]) == 0.0
+    with pytest.raises(ValueError, match="'backward'"):
+        hidden_fraction([("all_reduce 0", 0.0, 1.0)])

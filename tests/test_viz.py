@@ -72,12 +72,13 @@ def test_timeline_puts_compute_on_top_and_one_row_per_bucket() -> None:
     assert legend == ["forward", "backward", "wait", "all_reduce"]  # fixed order
 
 
-def test_bucket_sweep_draws_ms_on_a_log_axis_with_reference_lines() -> None:
-    fig = viz.bucket_sweep(
-        [0.01, 0.1, 1.0], {"ours": [0.003, 0.002, 0.004]}, {"naive": 0.005}
-    )
+def test_hidden_sweep_draws_median_and_range_in_percent_on_a_log_axis() -> None:
+    shares = [[0.2, 0.5, 0.4], [0.0, 0.0, 0.0]]
+    fig = viz.hidden_sweep([0.25, 4.0], shares, "wide_mlp")
     ax = fig.axes[0]
-    assert ax.get_xscale() == "log" and ax.get_yscale() == "linear"
-    ours, naive = ax.get_lines()
-    assert list(ours.get_ydata()) == [3.0, 2.0, 4.0]
-    assert naive.get_ydata()[0] == 5.0
+    assert ax.get_xscale() == "log" and ax.get_ylim() == (0, 100)
+    medians = ax.get_lines()[0]
+    assert list(medians.get_ydata()) == pytest.approx([40.0, 0.0])
+    bars = ax.collections[0].get_segments()  # one vertical bar per cap
+    ends = [float(y) for seg in bars for y in seg[:, 1]]
+    assert ends == pytest.approx([20, 50, 0, 0])

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import itertools
 import time
+import typing
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
 
 from distcourse.comm.agree import Group
 
@@ -99,3 +102,30 @@ class Bucket:
         """Block until the all-reduce has completed; return when it completed."""
         assert self.done is not None, "wait() before launch()"
         return self.done.wait()
+
+
+def watch_torch_buckets(ddp: DistributedDataParallel) -> list[list[int]]:
+    """Record the size of every bucket torch's DDP all-reduces, step by step.
+
+    torch's reducer packs and sends its buckets from C++, unseen by Python, and
+    rebuilds them after the first step (in the order the gradients arrived, the first
+    one capped at 1 MiB). Its comm hook is the one place where Python sees each
+    bucket: this registers one that appends the bucket's bytes to the returned list,
+    a new inner list per backward (bucket 0 launches first), then all-reduces the
+    average exactly as DDP's default does. Call it before the first backward.
+    """
+    steps: list[list[int]] = []
+
+    def record(
+        group: dist.ProcessGroup, bucket: dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:
+        if bucket.index() == 0:
+            steps.append([])
+        buffer = bucket.buffer()
+        steps[-1].append(buffer.numel() * buffer.element_size())
+        return allreduce_hook(group, bucket)
+
+    # torch checks the hook's annotations against the classes, not their names
+    record.__annotations__ = typing.get_type_hints(record)
+    ddp.register_comm_hook(ddp.process_group, record)
+    return steps

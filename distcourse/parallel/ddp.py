@@ -95,8 +95,9 @@ class DDP(nn.Module):
     RuntimeError naming it. `check_equal`: raise ValueError if the ranks' initial
     values differ, instead of silently copying rank 0's. `broadcast_buffers`: copy rank
     0's buffers (e.g. BatchNorm statistics) before every forward with grad enabled.
-    `timeline` holds the last step's Events: forward, backward, one per bucket
-    all-reduce (launch to completion), and the wait for communication after backward.
+    `timeline` holds the last step's Events: forward, backward (until the last
+    gradient arrived), one per bucket all-reduce (launch to completion), and the wait
+    after the last gradient (launching the last buckets, waiting for all of them).
     """
 
     def __init__(
@@ -135,6 +136,7 @@ class DDP(nn.Module):
         self._in_backward = False
         self._next_bucket = 0  # buckets launch in index order, the same on every rank
         self._backward_start: float | None = None
+        self._last_grad = 0.0  # when the last gradient of this backward arrived
 
     # ------------------------------------------------------------- forward ---------
 
@@ -175,6 +177,7 @@ class DDP(nn.Module):
                 return  # no_sync(): the gradient just accumulates in param.grad
             if not self._in_backward:
                 self._start_backward()
+            self._last_grad = time.perf_counter()  # backward computed up to here
             # Divide as we copy (one pass over memory); the all-reduce then sums
             # averages, like torch's DDP.
             torch.div(param.grad, self.world_size, out=bucket.view(slot))
@@ -212,7 +215,6 @@ class DDP(nn.Module):
         if not self._in_backward:
             return
         self._in_backward = False
-        computed = time.perf_counter()
         used_anywhere = self._handle_unused()
         for bucket in self.buckets:
             done = bucket.wait()
@@ -224,9 +226,12 @@ class DDP(nn.Module):
                     param.grad.copy_(bucket.view(slot))
                 elif used_anywhere is None or used_anywhere[id(param)]:
                     param.grad = bucket.view(slot).clone()
-        start = self._backward_start or computed
-        self.timeline.append(Event("backward", start, computed))
-        self.timeline.append(Event("wait", computed, time.perf_counter()))
+        # Backward computes until its last gradient arrives; what follows is sending
+        # the last buckets and waiting for them.
+        end = self._last_grad
+        start = self._backward_start or end
+        self.timeline.append(Event("backward", start, end))
+        self.timeline.append(Event("wait", end, time.perf_counter()))
         self._backward_start = None
 
     def _handle_unused(self) -> dict[int, bool] | None:
