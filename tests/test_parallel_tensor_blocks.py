@@ -92,7 +92,7 @@ def test_mlp_attention_block_equal_one_process(world_size: int, sp: bool) -> Non
 
 def _mlp_ledger(sp: bool) -> list[tuple[str, int]]:
     """(op, bytes) of every record of one MLP forward + backward on this rank."""
-    n, r = dist.get_world_size(), dist.get_rank()
+    n = dist.get_world_size()
     torch.manual_seed(0)
     mlp = ParallelMLP.from_module(MLP(H), sequence_parallel=sp)
     # an input that needs a gradient, as inside a model (else f's backward is skipped)
