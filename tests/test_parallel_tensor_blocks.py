@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 
 from distcourse.comm.ledger import Ledger
 from distcourse.examples.gpt import MLP, Block, GPTConfig, SelfAttention
@@ -20,6 +20,7 @@ from distcourse.launch import spawn
 from distcourse.parallel.tensor import (
     ParallelMLP,
     ParallelSelfAttention,
+    differences,
     parallelize_block,
 )
 
@@ -33,40 +34,6 @@ def _diff(a: Tensor, b: Tensor) -> float:
     return (a - b).abs().max().item()
 
 
-def _grads(model: nn.Module) -> dict[str, Tensor]:
-    return {k: p.grad for k, p in model.named_parameters()}
-
-
-def _shard_of(full: Tensor, mine: Tensor) -> Tensor:
-    """The slice of a one-process gradient this rank's parameter holds."""
-    n, r = dist.get_world_size(), dist.get_rank()
-    for dim in range(full.dim()):
-        if full.shape[dim] != mine.shape[dim]:
-            return full.chunk(n, dim)[r]
-    return full
-
-
-def _compare(module: nn.Module, twin: nn.Module, sp: bool) -> dict[str, float]:
-    """Run `module` on all of x and its parallel `twin` on this rank's share; diffs."""
-    n, r = dist.get_world_size(), dist.get_rank()
-    torch.manual_seed(1)
-    x = torch.randn(B, T, H, requires_grad=True)
-    y = module(x)
-    (y**2).sum().backward()
-    mine = x.detach().chunk(n, 1)[r] if sp else x.detach()
-    mine.requires_grad_()
-    y2 = twin(mine)
-    (y2**2).sum().backward()
-    diffs = {
-        "output": _diff(y2, y.chunk(n, 1)[r] if sp else y),
-        "input grad": _diff(mine.grad, x.grad.chunk(n, 1)[r] if sp else x.grad),
-    }
-    full = _grads(module)
-    for name, grad in _grads(twin).items():
-        diffs[f"{name} grad"] = _diff(grad, _shard_of(full[name], grad))
-    return diffs
-
-
 def _one_process_equal(sp: bool) -> dict[str, float]:
     torch.manual_seed(0)  # the same modules on every rank
     cfg = GPTConfig(n_embd=H, n_head=4)
@@ -77,7 +44,9 @@ def _one_process_equal(sp: bool) -> dict[str, float]:
         ("attn", attn, ParallelSelfAttention.from_module(attn, sequence_parallel=sp)),
         ("block", block, parallelize_block(block, sequence_parallel=sp)),
     ):
-        found = _compare(module, twin, sp)
+        torch.manual_seed(1)
+        x = torch.randn(B, T, H)
+        found = differences(module, twin, x, sequence_parallel=sp)
         diffs.update({f"{name} {k}": v for k, v in found.items()})
     return diffs
 

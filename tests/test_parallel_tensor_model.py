@@ -46,9 +46,11 @@ def _train(sp: bool) -> tuple[list[float], list[float], float]:
     return losses, tp_losses, diff
 
 
-@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
-def test_tiny_gpt_trains_to_the_same_losses_on_two_ranks(sp: bool) -> None:
-    for losses, tp_losses, diff in spawn(_train, 2, sp, timeout=30):
+@pytest.mark.parametrize(
+    "world_size, sp", [(2, False), (2, True), (4, False)], ids=["2", "2-sp", "4"]
+)
+def test_tiny_gpt_trains_to_one_process_losses(world_size: int, sp: bool) -> None:
+    for losses, tp_losses, diff in spawn(_train, world_size, sp, timeout=30):
         assert losses[-1] < losses[0] - 1  # it learns
         assert max(abs(a - b) for a, b in zip(losses, tp_losses, strict=True)) <= (
             LOSS_TOL
