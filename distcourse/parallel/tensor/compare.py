@@ -4,7 +4,9 @@
 tensor-parallel `twin` on this rank's share (all of x, or with sequence_parallel
 its part of the sequence), backpropagates the same loss (sum of squares) through
 both, and returns the largest absolute difference of the output, of x's gradient
-and of each parameter's gradient, this rank's slice of the whole one's. A missing
+and of each parameter's gradient, this rank's slice of the whole one's, each
+divided by max(1, largest |entry| of the one-process tensor): relative for large
+values, absolute near 0 (a key's bias has a gradient of exactly 0). A missing
 f or g shows up here as a gradient or an output that is off by far more than
 rounding: the check can fail.
 """
@@ -32,7 +34,8 @@ def differences(
     module: nn.Module, twin: nn.Module, x: Tensor, *, sequence_parallel: bool = False,
     seq_dim: int = 1, group: Group = None,
 ) -> dict[str, float]:  # fmt: skip
-    """Max |twin - module| of the output, x's gradient and every parameter gradient.
+    """Max |twin - module| / max(1, max |module|) of the output, x's gradient and
+    every parameter gradient.
 
     Every rank passes the same x (and the same `module`); `twin`'s parameters must
     have `module`'s names. Gradients are compared after one backward of
@@ -68,6 +71,9 @@ def differences(
 
 
 def _max_diff(a: Tensor, b: Tensor) -> float:
+    """max |a - b| / max(1, max |b|): b is the one-process reference."""
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {list(a.shape)} and {list(b.shape)}")
-    return (a - b).abs().max().item() if a.numel() else 0.0
+    if not a.numel():
+        return 0.0
+    return ((a - b).abs().max() / b.abs().max().clamp(min=1.0)).item()
