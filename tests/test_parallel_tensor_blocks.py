@@ -71,10 +71,32 @@ def _mlp_ledger(sp: bool) -> list[tuple[str, int]]:
     return [(rec.op, rec.bytes) for rec in ledger.records if rec.kind != "recv"]
 
 
-def test_ledger_two_all_reduces_of_BTH_per_mlp_step() -> None:
+def _torch_mlp_ledger() -> list[tuple[str, int]]:
+    """The same for torch's ColwiseParallel -> RowwiseParallel (DTensor's messages
+    are functional collectives; the ledger sees them too)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    plan = {"fc": ColwiseParallel(), "proj": RowwiseParallel()}
+    mlp = parallelize_module(MLP(H), mesh, plan)
+    x = torch.randn(B, T, H, requires_grad=True)
+    with Ledger() as ledger:
+        mlp(x).sum().backward()
+    return [(rec.op, rec.bytes) for rec in ledger.records]
+
+
+def test_ledger_two_all_reduces_of_BTH_per_mlp_step_as_torch() -> None:
     for records in spawn(_mlp_ledger, 2, False, timeout=20):
         # the agreement (112 bytes), g in forward, f in backward: B T H floats each
         assert records == [("all_gather", CHECK)] + [("all_reduce", B * T * H * 4)] * 2
+    for records in spawn(_torch_mlp_ledger, 2, timeout=20):
+        assert records == [("functional.all_reduce", B * T * H * 4)] * 2
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
