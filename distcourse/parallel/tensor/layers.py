@@ -133,8 +133,9 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.local(self.enter(x))  # (..., out_features / N)
-        return gather_from_group(y, -1, self.tp.group, check=False) if (
-            self.gather_output) else y  # fmt: skip
+        if self.gather_output:  # (..., out_features), the same on every rank
+            return gather_from_group(y, -1, self.tp.group, check=False)
+        return y
 
     def full_state_dict(self) -> dict[str, Tensor]:
         """The whole layer's weight (and bias), gathered: a collective of the group."""
@@ -192,8 +193,8 @@ class RowParallelLinear(nn.Module):
         self.sequence_parallel = sequence_parallel
         self.seq_dim, self.check = seq_dim, check
         self.weight = nn.Parameter(torch.empty(out_features, local, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if (
-            bias) else None  # fmt: skip
+        full = torch.empty(out_features, dtype=dtype)  # added once, after the sum
+        self.bias = nn.Parameter(full) if bias else None
         _init(self.weight, self.bias, in_features)
 
     @classmethod
