@@ -47,6 +47,29 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x))
 
 
+class TwoDeviceToyModel(nn.Module):
+    """PyTorch's model-parallel ToyModel: net1 on one device, net2 on another.
+
+    Linear(10, 10) -> ReLU on `first`, the activations copied to `second`, then
+    Linear(10, 5). One process drives both devices, and while one computes the
+    other waits. On a CPU-only machine both devices are the CPU: it runs, and there
+    is nothing to overlap. Same initial weights as `toy_mlp` for the same seed.
+    """
+
+    def __init__(
+        self, first: torch.device | str = "cpu", second: torch.device | str = "cpu"
+    ) -> None:
+        super().__init__()
+        self.first, self.second = torch.device(first), torch.device(second)
+        self.net1 = nn.Linear(10, 10).to(self.first)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5).to(self.second)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.relu(self.net1(x.to(self.first)))
+        return self.net2(h.to(self.second))  # the copy between devices
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,176 @@
+"""`python -m distcourse.bench tp [--json] [--quick] [--ranks N ...]`: our parallel
+MLP against torch's `parallelize_module` (ColwiseParallel -> RowwiseParallel).
+
+One spawn per world size builds the same MLP (Linear(H, 4H) -> GELU -> Linear(4H, H))
+three ways: torch's DTensor plan, our ParallelMLP, and ours without the shape
+agreement (`check=False`: no 112-byte all_gather before each forward). They take
+turns step by step, each round in the next order, so changes in machine load hit all
+alike. A step is forward + backward of one (B, T, H) batch: one all_reduce each way
+for every implementation. We report the median over steps of the slowest rank's
+time, and of our time / torch's in the same round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from distcourse.examples.gpt import MLP
+from distcourse.launch import spawn
+from distcourse.parallel.tensor import ParallelMLP
+
+IMPLEMENTATIONS = (
+    "torch parallelize_module",
+    "ours (ParallelMLP)",
+    "ours, check=False",
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Activation sizes (batch, tokens, width) and how many steps to time."""
+
+    batch: int
+    seq: int
+    hidden: int
+    warmup: int
+    steps: int
+    worlds: tuple[int, ...] = (4,)
+
+
+FULL = Config(batch=4, seq=128, hidden=256, warmup=5, steps=100)
+QUICK = Config(batch=2, seq=8, hidden=16, warmup=1, steps=3, worlds=(2,))
+
+
+def _torch_mlp(mlp: nn.Module) -> nn.Module:
+    """torch's tensor parallelism of the same MLP, on a 1-D CPU device mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    plan = {"fc": ColwiseParallel(), "proj": RowwiseParallel()}
+    return parallelize_module(copy.deepcopy(mlp), mesh, plan)
+
+
+def _make_step(module: nn.Module, x: torch.Tensor) -> Callable[[], None]:
+    def step() -> None:
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+        module(x).square().sum().backward()
+
+    return step
+
+
+def _measure(cfg: Config) -> list[list[float]]:
+    """On every rank: step times in seconds, [implementation][step], slowest rank's."""
+    torch.manual_seed(0)  # the same MLP and input on every rank
+    mlp = MLP(cfg.hidden)
+    x = torch.randn(cfg.batch, cfg.seq, cfg.hidden, requires_grad=True)
+    modules = [
+        _torch_mlp(mlp),
+        ParallelMLP.from_module(mlp),
+        ParallelMLP.from_module(mlp, check=False),
+    ]
+    steps = [_make_step(m, x) for m in modules]
+    orders = list(itertools.permutations(range(len(steps))))
+    times = torch.zeros(len(steps), cfg.steps, dtype=torch.float64)
+    for i in range(cfg.warmup + cfg.steps):
+        for k in orders[i % len(orders)]:
+            dist.barrier()
+            start = time.perf_counter()
+            steps[k]()
+            if i >= cfg.warmup:
+                times[k, i - cfg.warmup] = time.perf_counter() - start
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step lasts as its slowest rank
+    return times.tolist()
+
+
+def run(cfg: Config) -> list[dict]:
+    """Time every implementation at every world size; one row per (ranks, name).
+
+    `vs_torch` is the median over steps of (this step's time / torch's step time in
+    the same round): they ran back to back, so slow drifts in load cancel out.
+    """
+    rows = []
+    for world in cfg.worlds:
+        times = torch.tensor(spawn(_measure, world, cfg, deadline=600)[0])
+        reference = times[0]
+        for name, mine in zip(IMPLEMENTATIONS, times, strict=True):
+            rows.append(
+                dict(
+                    ranks=world, implementation=name,
+                    step_ms=round(1000 * mine.median().item(), 3),
+                    vs_torch=round((mine / reference).median().item(), 3),
+                )
+            )  # fmt: skip
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows as an aligned text table."""
+    lines = [f"{'ranks':>5}  {'implementation':<25} {'step ms':>9}  {'vs torch':>8}"]
+    for row in rows:
+        lines.append(
+            f"{row['ranks']:>5}  {row['implementation']:<25} {row['step_ms']:>9.2f}  "
+            f"{row['vs_torch']:>8.2f}"
+        )
+    return "\n".join(lines)
+
+
+def _ratio(rows: list[dict], name: str, ranks: int) -> float:
+    row = next(r for r in rows if (r["ranks"], r["implementation"]) == (ranks, name))
+    return row["vs_torch"]
+
+
+def main(argv: list[str]) -> int:
+    """Parse options, run the benchmark, print a table (or one JSON object)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m distcourse.bench tp",
+        description="Parallel-MLP step time: ours vs torch's parallelize_module.",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, few steps")
+    parser.add_argument("--ranks", type=int, nargs="+", help="world sizes (default 4)")
+    parser.add_argument("--steps", type=int, help="timed steps per implementation")
+    args = parser.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    if args.ranks:
+        if any(n < 1 or 4 * cfg.hidden % n for n in args.ranks):
+            parser.error(f"each --ranks must divide 4 x hidden = {4 * cfg.hidden}")
+        cfg = replace(cfg, worlds=tuple(args.ranks))
+    if args.steps:
+        cfg = replace(cfg, steps=args.steps)
+    rows = run(cfg)
+    last = cfg.worlds[-1]
+    ratio = _ratio(rows, IMPLEMENTATIONS[1], last)
+    unchecked = _ratio(rows, IMPLEMENTATIONS[2], last)
+    if args.json:
+        report = dict(
+            benchmark="tp", ratio=ratio, unchecked_ratio=unchecked, ranks=last,
+            config=asdict(cfg), table=rows,
+        )  # fmt: skip
+        print(json.dumps(report))
+        return 0
+    print(
+        f"MLP Linear({cfg.hidden}, {4 * cfg.hidden}) -> GELU -> "
+        f"Linear({4 * cfg.hidden}, {cfg.hidden}), input ({cfg.batch}, {cfg.seq}, "
+        f"{cfg.hidden}); forward + backward, median of {cfg.steps} steps after "
+        f"{cfg.warmup} warm-up"
+    )
+    print(format_table(rows))
+    print(f"ours / torch on {last} ranks: {ratio:.2f}; without the check: "
+          f"{unchecked:.2f}")  # fmt: skip
+    return 0

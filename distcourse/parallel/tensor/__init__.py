@@ -1,0 +1,40 @@
+"""Tensor parallelism: single layers split across the ranks of a group.
+
+- `layers`: ColumnParallelLinear, RowParallelLinear (Megatron's f and g at the edges);
+- `vocab`: VocabParallelEmbedding, vocab_parallel_cross_entropy (logits never
+  gathered);
+- `blocks`: ParallelMLP, ParallelSelfAttention, and the sequence-parallel norm and
+  positions;
+- `compare`: differences (outputs and every gradient against one process);
+- `model`: parallelize_gpt / parallelize_block (a one-process model's exact twin),
+  full state dicts and checkpoints that load on any number of ranks.
+"""
+
+from distcourse.parallel.tensor.blocks import (
+    ParallelMLP,
+    ParallelSelfAttention,
+    SequenceParallelLayerNorm,
+    SequenceParallelPositions,
+)
+from distcourse.parallel.tensor.compare import differences, shard_of
+from distcourse.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
+from distcourse.parallel.tensor.model import (
+    full_state_dict,
+    load_checkpoint,
+    load_full_state_dict,
+    parallelize_block,
+    parallelize_gpt,
+    save_checkpoint,
+)
+from distcourse.parallel.tensor.vocab import (
+    VocabParallelEmbedding,
+    vocab_parallel_cross_entropy,
+)
+
+__all__ = [
+    "ColumnParallelLinear", "ParallelMLP", "ParallelSelfAttention",
+    "RowParallelLinear", "SequenceParallelLayerNorm", "SequenceParallelPositions",
+    "VocabParallelEmbedding", "differences", "full_state_dict", "load_checkpoint",
+    "load_full_state_dict", "parallelize_block", "parallelize_gpt", "save_checkpoint",
+    "shard_of", "vocab_parallel_cross_entropy",
+]  # fmt: skip

@@ -1,0 +1,79 @@
+"""Is a split module the one-process module? Outputs and every gradient, compared.
+
+`differences(module, twin, x)` runs the one-process `module` on the whole x and its
+tensor-parallel `twin` on this rank's share (all of x, or with sequence_parallel
+its part of the sequence), backpropagates the same loss (sum of squares) through
+both, and returns the largest absolute difference of the output, of x's gradient
+and of each parameter's gradient, this rank's slice of the whole one's, each
+divided by max(1, largest |entry| of the one-process tensor): relative for large
+values, absolute near 0 (a key's bias has a gradient of exactly 0). A missing
+f or g shows up here as a gradient or an output that is off by far more than
+rounding: the check can fail.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from distcourse.comm.agree import Group, members
+
+
+def shard_of(full: Tensor, mine: Tensor, group: Group = None) -> Tensor:
+    """The slice of `full` that a parameter shaped like `mine` holds on this rank:
+    equal chunks along the one dim where the shapes differ (all of it if none)."""
+    tp = members(group, "shard_of")
+    dims = [d for d in range(full.dim()) if full.shape[d] != mine.shape[d]]
+    if full.dim() != mine.dim() or len(dims) > 1:
+        raise ValueError(f"no slice of a {list(full.shape)} tensor is shaped "
+                         f"{list(mine.shape)}")  # fmt: skip
+    return full.chunk(tp.size, dims[0])[tp.rank] if dims else full
+
+
+def differences(
+    module: nn.Module, twin: nn.Module, x: Tensor, *, sequence_parallel: bool = False,
+    seq_dim: int = 1, group: Group = None,
+) -> dict[str, float]:  # fmt: skip
+    """Max |twin - module| / max(1, max |module|) of the output, x's gradient and
+    every parameter gradient.
+
+    Every rank passes the same x (and the same `module`); `twin`'s parameters must
+    have `module`'s names. Gradients are compared after one backward of
+    sum(output ** 2); existing gradients are cleared first.
+    """
+    tp = members(group, "differences")
+    module.zero_grad(set_to_none=True)
+    twin.zero_grad(set_to_none=True)
+    whole = x.detach().clone().requires_grad_()
+    y = module(whole)
+    y.square().sum().backward()
+    mine = whole.detach()
+    if sequence_parallel:
+        mine = mine.tensor_split(tp.size, seq_dim)[tp.rank]
+    mine = mine.clone().requires_grad_()
+    y2 = twin(mine)
+    y2.square().sum().backward()
+
+    def part(t: Tensor) -> Tensor:
+        return t.tensor_split(tp.size, seq_dim)[tp.rank] if sequence_parallel else t
+
+    found = {
+        "output": _max_diff(y2, part(y)),
+        "input grad": _max_diff(mine.grad, part(whole.grad)),
+    }
+    full = dict(module.named_parameters())
+    for name, param in twin.named_parameters():
+        grad = torch.zeros_like(param) if param.grad is None else param.grad
+        ref = full[name].grad
+        ref = torch.zeros_like(full[name]) if ref is None else ref
+        found[f"{name} grad"] = _max_diff(grad, shard_of(ref, grad, group))
+    return found
+
+
+def _max_diff(a: Tensor, b: Tensor) -> float:
+    """max |a - b| / max(1, max |b|): b is the one-process reference."""
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {list(a.shape)} and {list(b.shape)}")
+    if not a.numel():
+        return 0.0
+    return ((a - b).abs().max() / b.abs().max().clamp(min=1.0)).item()

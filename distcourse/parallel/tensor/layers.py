@@ -1,0 +1,292 @@
+"""Column- and row-parallel linear layers: one nn.Linear's weight split across ranks.
+
+nn.Linear computes y = x W^T + b with W of shape (out, in). Split W by rows (output
+features) and each rank computes its own slice of y from the whole x:
+ColumnParallelLinear. Split W by columns (input features) and each rank computes a
+partial y from its slice of x; the sum over ranks is y: RowParallelLinear. A column
+layer followed by a row layer needs no message in between (Megatron's MLP).
+
+The messages sit at the edges, as the conjugate operators of comm.autograd:
+
+    ColumnParallelLinear  input: copy_to_group (f)      identity fwd, all_reduce bwd
+    RowParallelLinear     output: reduce_from_group (g) all_reduce fwd, identity bwd
+
+With `sequence_parallel=True` the activations outside the layers are split along the
+sequence (`seq_dim`), and f / g become all_gather_along / reduce_scatter_along: the
+same bytes on a ring, and the norms and dropouts between blocks work on 1/N of the
+tokens. Sizes are checked when a layer is built (out_features % N, a ValueError
+naming both numbers) and each forward agrees on shapes across ranks first
+(`check=True`: one all_gather of 112 bytes), so bad input is an error on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from distcourse.comm.agree import Group, Members, agree, members
+from distcourse.comm.autograd import (
+    all_gather_along,
+    copy_to_group,
+    gather_from_group,
+    reduce_from_group,
+    reduce_scatter_along,
+    split_to_group,
+)
+
+
+def shard_size(name: str, value: int, g: Members) -> int:
+    """value / tensor-parallel size, or a ValueError naming both numbers."""
+    if value % g.size:
+        raise ValueError(
+            f"{name}={value} is not divisible by tensor-parallel size {g.size}"
+        )
+    return value // g.size
+
+
+def check_shape(what: str, key: str, got: torch.Size, want: tuple[int, ...]) -> None:
+    """ValueError unless a full tensor `key` has the shape the layer expects."""
+    if tuple(got) != tuple(want):
+        raise ValueError(
+            f"{what}: checkpoint tensor {key!r} has shape {list(got)}, this layer "
+            f"needs {list(want)} (was it saved from a model of another size?)"
+        )
+
+
+def _init(weight: Tensor, bias: Tensor | None, fan_in: int) -> None:
+    """nn.Linear's initialisation, bounds from the full layer's fan-in."""
+    bound = 1 / math.sqrt(fan_in) if fan_in else 0.0
+    with torch.no_grad():
+        weight.uniform_(-bound, bound)
+        if bias is not None:
+            bias.uniform_(-bound, bound)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T + b with W's rows (output features) split across the ranks of `group`.
+
+    Input: the whole x (B, ..., in_features), replicated; or, with sequence_parallel,
+    this rank's part of the sequence along `seq_dim`. Output: this rank's
+    out_features / N features, or all of them with `gather_output=True`.
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, *,
+        group: Group = None, gather_output: bool = False,
+        sequence_parallel: bool = False, seq_dim: int = 1, check: bool = True,
+        dtype: torch.dtype | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.tp = members(group, "ColumnParallelLinear")
+        local = shard_size("out_features", out_features, self.tp)
+        self.in_features, self.out_features = in_features, out_features
+        self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
+        self.seq_dim, self.check = seq_dim, check
+        self.weight = nn.Parameter(torch.empty(local, in_features, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(local, dtype=dtype)) if bias else None
+        _init(self.weight, self.bias, in_features)
+
+    @classmethod
+    def from_linear(
+        cls, linear: nn.Linear, group: Group = None, **options: object
+    ) -> ColumnParallelLinear:
+        """This rank's rows of `linear` (which is left unchanged)."""
+        out, inp = linear.weight.shape
+        layer = cls(inp, out, linear.bias is not None, group=group,
+                    dtype=linear.weight.dtype, **options)  # fmt: skip
+        layer.load_full_state_dict(linear.state_dict())
+        return layer
+
+    def enter(self, x: Tensor) -> Tensor:
+        """The input's way in: Megatron's f, or all_gather_along with sequence_parallel.
+
+        Agrees on x's shape across ranks first (with `check`), so a mismatch raises
+        on every rank. ParallelSelfAttention calls this once for query, key and value.
+        """
+        tp, d = self.tp, self.seq_dim
+
+        def local() -> int:
+            if x.dim() < 1 or x.shape[-1] != self.in_features:
+                raise ValueError(
+                    f"ColumnParallelLinear: input of shape {list(x.shape)}, expected "
+                    f"(..., in_features={self.in_features})"
+                )
+            if self.sequence_parallel and not -x.dim() <= d < x.dim() - 1:
+                raise ValueError(f"ColumnParallelLinear: seq_dim={d} is not a "
+                                 f"sequence dim of a {x.dim()}-d input")  # fmt: skip
+            return -1
+
+        sp = self.sequence_parallel and -x.dim() <= d < x.dim()
+        shape = x.narrow(d, 0, 0) if sp else x  # sequence parts may differ in length
+        agree("ColumnParallelLinear", shape, tp.group, local, "",
+              self.check and tp.size > 1)  # fmt: skip
+        if self.sequence_parallel:
+            return all_gather_along(x, d, tp.group, check=False)
+        return copy_to_group(x, tp.group, check=False)
+
+    def local(self, x: Tensor) -> Tensor:
+        """This rank's output features of x, no messages: x has been through `enter`."""
+        return F.linear(x, self.weight, self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.local(self.enter(x))  # (..., out_features / N)
+        if self.gather_output:  # (..., out_features), the same on every rank
+            return gather_from_group(y, -1, self.tp.group, check=False)
+        return y
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The whole layer's weight (and bias), gathered: a collective of the group."""
+        with torch.no_grad():
+            return {k: gather_from_group(v.detach(), 0, self.tp.group, check=False)
+                    for k, v in self.state_dict().items()}  # fmt: skip
+
+    def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Keep this rank's rows of a full state dict (no messages)."""
+        n, r = self.tp.size, self.tp.rank
+        shapes = {"weight": (self.out_features, self.in_features)}
+        if self.bias is not None:
+            shapes["bias"] = (self.out_features,)
+        check_keys("ColumnParallelLinear", state, shapes)
+        with torch.no_grad():
+            for key, param in self.state_dict(keep_vars=True).items():
+                param.copy_(state[key].chunk(n, 0)[r])
+
+    def to_linear(self) -> nn.Linear:
+        """The whole layer as one nn.Linear (a collective: every rank calls it)."""
+        state = self.full_state_dict()
+        linear = nn.Linear(self.in_features, self.out_features, self.bias is not None,
+                           dtype=self.weight.dtype)  # fmt: skip
+        linear.load_state_dict(state)
+        return linear
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features} "
+                f"({self.weight.shape[0]} on this rank of {self.tp.size}), "
+                f"gather_output={self.gather_output}, "
+                f"sequence_parallel={self.sequence_parallel}")  # fmt: skip
+
+
+class RowParallelLinear(nn.Module):
+    """y = x W^T + b with W's columns (input features) split across the ranks.
+
+    Input: this rank's in_features / N features (a ColumnParallelLinear's output), or
+    the whole x with `input_is_parallel=False` (each rank keeps its slice). The
+    partial products are summed over ranks (g), then the bias is added once. With
+    sequence_parallel the sum is a reduce_scatter: this rank keeps its part of the
+    sequence.
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, *,
+        group: Group = None, input_is_parallel: bool = True,
+        sequence_parallel: bool = False, seq_dim: int = 1, check: bool = True,
+        dtype: torch.dtype | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.tp = members(group, "RowParallelLinear")
+        local = shard_size("in_features", in_features, self.tp)
+        self.in_features, self.out_features = in_features, out_features
+        self.input_is_parallel = input_is_parallel
+        self.sequence_parallel = sequence_parallel
+        self.seq_dim, self.check = seq_dim, check
+        self.weight = nn.Parameter(torch.empty(out_features, local, dtype=dtype))
+        full = torch.empty(out_features, dtype=dtype)  # added once, after the sum
+        self.bias = nn.Parameter(full) if bias else None
+        _init(self.weight, self.bias, in_features)
+
+    @classmethod
+    def from_linear(
+        cls, linear: nn.Linear, group: Group = None, **options: object
+    ) -> RowParallelLinear:
+        """This rank's columns of `linear` (the bias whole); `linear` is unchanged."""
+        out, inp = linear.weight.shape
+        layer = cls(inp, out, linear.bias is not None, group=group,
+                    dtype=linear.weight.dtype, **options)  # fmt: skip
+        layer.load_full_state_dict(linear.state_dict())
+        return layer
+
+    def _check_input(self, x: Tensor) -> None:
+        """Agree on x's shape across ranks; a full input where a slice belongs is an
+        error on every rank (the commonest mistake: input_is_parallel left True)."""
+        tp, local = self.tp, self.weight.shape[1]
+
+        def valid() -> int:
+            want = local if self.input_is_parallel else self.in_features
+            if x.dim() >= 1 and x.shape[-1] == want:
+                return -1
+            full = x.dim() >= 1 and x.shape[-1] == self.in_features
+            if self.input_is_parallel and tp.size > 1 and full:
+                raise ValueError(
+                    f"RowParallelLinear was fed a full input ({self.in_features} "
+                    f"features): with input_is_parallel=True each rank takes its slice "
+                    f"of {local}; split it, or build the layer with "
+                    "input_is_parallel=False"
+                )
+            raise ValueError(
+                f"RowParallelLinear: input of shape {list(x.shape)}, expected "
+                f"(..., {want}) ({'this rank' if self.input_is_parallel else 'all'} of "
+                f"in_features={self.in_features})"
+            )
+
+        agree("RowParallelLinear", x, tp.group, valid, "", self.check and tp.size > 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        self._check_input(x)
+        group = self.tp.group
+        if not self.input_is_parallel:
+            x = split_to_group(x, -1, group, check=False)  # (..., in_features / N)
+        partial = F.linear(x, self.weight)  # (..., out_features), summed next
+        if not self.sequence_parallel:
+            y = reduce_from_group(partial, group, check=False)
+            return y if self.bias is None else y + self.bias
+        y = reduce_scatter_along(partial, self.seq_dim, group, check=False)
+        if self.bias is None:
+            return y
+        return y + copy_to_group(self.bias, group, check=False)  # used on my tokens
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The whole layer's weight gathered along columns (a collective), and bias."""
+        with torch.no_grad():
+            w = gather_from_group(self.weight.detach(), 1, self.tp.group, check=False)
+            state = {"weight": w}
+            if self.bias is not None:
+                state["bias"] = self.bias.detach().clone()
+            return state
+
+    def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Keep this rank's columns of a full state dict (no messages)."""
+        shapes = {"weight": (self.out_features, self.in_features)}
+        if self.bias is not None:
+            shapes["bias"] = (self.out_features,)
+        check_keys("RowParallelLinear", state, shapes)
+        with torch.no_grad():
+            self.weight.copy_(state["weight"].chunk(self.tp.size, 1)[self.tp.rank])
+            if self.bias is not None:
+                self.bias.copy_(state["bias"])
+
+    def to_linear(self) -> nn.Linear:
+        """The whole layer as one nn.Linear (a collective: every rank calls it)."""
+        linear = nn.Linear(self.in_features, self.out_features, self.bias is not None,
+                           dtype=self.weight.dtype)  # fmt: skip
+        linear.load_state_dict(self.full_state_dict())
+        return linear
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features} ({self.weight.shape[1]} on this rank "
+                f"of {self.tp.size}), out_features={self.out_features}, "
+                f"input_is_parallel={self.input_is_parallel}, "
+                f"sequence_parallel={self.sequence_parallel}")  # fmt: skip
+
+
+def check_keys(what: str, state: dict[str, Tensor], shapes: dict[str, tuple]) -> None:
+    """ValueError unless `state` holds exactly `shapes`' keys with those full shapes."""
+    if set(state) != set(shapes):
+        raise ValueError(
+            f"{what}: checkpoint has keys {sorted(state)}, this layer needs "
+            f"{sorted(shapes)}"
+        )
+    for key, shape in shapes.items():
+        check_shape(what, key, state[key].shape, shape)
