@@ -25,12 +25,13 @@ from distcourse.comm.agree import (
 )
 
 # A chunk travels in pieces of at most PIECE_BYTES, two or more once it reaches
-# SPLIT_BYTES, IN_FLIGHT at a time: one is reduced while the next is on the wire, as in
-# gloo's own ring. Smaller pieces measured slower (each message costs a round of
-# Python, torch and gloo bookkeeping); see distcourse.bench.allreduce.
+# SPLIT_BYTES: one is reduced while the next is on the wire, as in gloo's own ring.
+# Smaller pieces measured slower (each message costs a round of Python, torch and
+# gloo bookkeeping); see distcourse.bench.allreduce. Reduce-scatter receives into
+# RECV_BUFFERS piece-sized buffers taken in turn.
 PIECE_BYTES = 4 << 20
 SPLIT_BYTES = 1 << 20
-IN_FLIGHT = 2
+RECV_BUFFERS = 2
 
 
 def _check_blocks(
@@ -43,17 +44,6 @@ def _check_blocks(
     if len(blocks) != n or any(b.numel() != numel or b.dtype != dtype for b in blocks):
         raise ValueError(f"{what} must be {n} tensor(s) of {numel} {dtype} elements, "
                          f"got {', '.join(got)}")  # fmt: skip
-
-
-def _exchange(send: Tensor, recv: Tensor, g: Members) -> list:
-    """Send to the right neighbour and receive from the left one, as one batch.
-
-    Posting both before waiting on either keeps a ring from deadlocking; the batch
-    also lets NCCL run them together. Empty tensors are skipped on both ends.
-    """
-    ops = [dist.P2POp(dist.isend, send, g.peer(1), g.group)] if send.numel() else []
-    ops += [dist.P2POp(dist.irecv, recv, g.peer(-1), g.group)] if recv.numel() else []
-    return dist.batch_isend_irecv(ops) if ops else []
 
 
 def _piece_count(chunk: Tensor) -> int:
@@ -69,56 +59,84 @@ def _pieces(chunks: list, count: int) -> list:
 
 
 def _stream(
-    sends: list, recvs: list, g: Members, depth: int,
+    sends: list, recvs: list, g: Members, send_ahead: int, recv_ahead: int,
     arrived: Callable[[int], None] | None = None,
 ) -> None:  # fmt: skip
-    """Send sends[m] right and receive recvs[m] from the left, m = 0, 1, ..., with
-    `depth` messages in flight; `arrived(m)` runs once message m is in.
+    """Send sends[m] right and receive recvs[m] from the left, m = 0, 1, ...; run
+    `arrived(m)` once message m is in.
 
-    Message m is posted once message m - depth has arrived, so one stream runs through
-    all the ring's steps, with no wait at a step's end: piece k of step s goes out
-    as soon as piece k of step s - 1 is in (and reduced), if depth <= pieces per chunk.
+    Send m is posted once message m - send_ahead is in (its data is ready then), receive
+    m once message m - recv_ahead is in (its buffer is free then). One stream runs
+    through all the ring's steps, with no wait at a step's end, and receives are
+    posted ahead of the sends they match, so the data need not wait for them. Empty
+    pieces are skipped on both ends. Returns once every send has completed, so the
+    caller may overwrite what was sent.
     """
-    works = [_exchange(sends[m], recvs[m], g) for m in range(min(depth, len(sends)))]
-    for m in range(len(sends)):
-        for work in works[m]:
+    total = len(sends)
+    receiving: list = [[] for _ in range(total)]
+    sending: list = []
+
+    def receive(m: int) -> None:
+        if m < total:
+            receiving[m] = _post(dist.irecv, recvs[m], g.peer(-1), g)
+
+    def send(m: int) -> None:
+        if m < total:
+            sending.extend(_post(dist.isend, sends[m], g.peer(1), g))
+
+    for m in range(send_ahead):
+        send(m)
+    for m in range(recv_ahead):
+        receive(m)
+    for m in range(total):
+        for work in receiving[m]:
             work.wait()
         if arrived is not None:
             arrived(m)
-        if m + depth < len(sends):
-            works.append(_exchange(sends[m + depth], recvs[m + depth], g))
+        receive(m + recv_ahead)
+        send(m + send_ahead)
+    for work in sending:
+        work.wait()
+
+
+def _post(fn: Callable, tensor: Tensor, peer: int, g: Members) -> list:
+    """Start one isend or irecv (none for an empty tensor), as a batch of one: the
+    same call on NCCL and gloo, and the one a Ledger records for every ring message."""
+    if not tensor.numel():
+        return []
+    return dist.batch_isend_irecv([dist.P2POp(fn, tensor, peer, g.group)])
 
 
 def _reduce_scatter_ring(chunks: list, g: Members, reduce: Callable) -> None:
     """N-1 steps; afterwards chunks[g.rank] holds the reduction over all ranks.
 
     Step s sends chunk rank-s-1 (reduced in step s-1) and adds the received one into
-    chunk rank-s-2, piece by piece. Pieces arrive in `depth` piece-sized buffers taken
-    in turn and are added in place into the chunk's view: no chunk-sized scratch.
+    chunk rank-s-2, piece by piece. A piece goes out as soon as it is reduced; pieces
+    arrive in RECV_BUFFERS piece-sized buffers taken in turn and are added in place
+    into the chunk's view: no chunk-sized scratch, no copy.
     """
     me, n, count = g.rank, g.size, _piece_count(chunks[0])
-    depth = min(IN_FLIGHT, count)
     sends = _pieces([chunks[(me - s - 1) % n] for s in range(n - 1)], count)
     parts = _pieces([chunks[(me - s - 2) % n] for s in range(n - 1)], count)
-    bufs = chunks[0].new_empty(depth, -(-chunks[0].numel() // count))
-    recvs = [bufs[m % depth, : len(part)] for m, part in enumerate(parts)]
+    bufs = chunks[0].new_empty(RECV_BUFFERS, -(-chunks[0].numel() // count))
+    recvs = [bufs[m % RECV_BUFFERS, : len(part)] for m, part in enumerate(parts)]
 
     def add(m: int) -> None:
         reduce(parts[m], recvs[m], out=parts[m])
 
-    _stream(sends, recvs, g, depth, add)
+    _stream(sends, recvs, g, send_ahead=count, recv_ahead=RECV_BUFFERS, arrived=add)
 
 
 def _all_gather_ring(chunks: list, g: Members) -> None:
     """N-1 steps; each rank starts with chunks[g.rank] and ends with all of them.
 
     Step s forwards chunk rank-s (received in step s-1) and receives chunk rank-s-1
-    straight into place.
+    straight into place, so every receive can be posted at once.
     """
     me, n, count = g.rank, g.size, _piece_count(chunks[0])
     sends = _pieces([chunks[(me - s) % n] for s in range(n - 1)], count)
     recvs = _pieces([chunks[(me - s - 1) % n] for s in range(n - 1)], count)
-    _stream(sends, recvs, g, min(IN_FLIGHT, count))
+    _stream(sends, recvs, g, send_ahead=count, recv_ahead=len(recvs))
 
 
 def _copy_back(tensor: Tensor, flat: Tensor) -> None:
