@@ -75,7 +75,7 @@ def test_chapters_run_on_their_rank_count_or_one_rank_per_gpu(tmp_path) -> None:
     bookrun.set_ranks(nb, 2)
     assert [c.source for c in nb.cells] == [
         "r = cluster.start(2)",
-        "cluster.start(2, x=1)",
+        "cluster.start(2, debug=True)",
     ]
     text = bookrun.report([short, empty], "a test")
     assert "* more ranks than GPUs, run one per GPU: a (4)" in text
