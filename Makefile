@@ -18,7 +18,7 @@ TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 NB_TIMEOUT ?= 180
 export IPYTHONDIR ?= $(CURDIR)/.ipython
 
-.PHONY: venv lock book test lint unit notebooks browser execute check clean
+.PHONY: venv lock book test lint unit notebooks browser execute check clean test-gpu
 
 venv: $(VENV)/.installed
 
@@ -84,6 +84,17 @@ browser: book
 	$(PY) -m pytest tests/test_book_browser.py
 
 test: lint unit notebooks browser
+
+# On a GPU box: re-execute every chapter on NCCL ranks (copies; nothing stored is
+# written) and check that every verdict it prints is a PASS; report in _build/bookrun.
+# `DISTCOURSE_DEVICE=cpu make test-gpu` is its dry run on gloo ranks (CI runs it).
+# pytest (make test) always uses CPU ranks: see conftest.py.
+test-gpu: venv
+	DISTCOURSE_DEVICE=$${DISTCOURSE_DEVICE:-cuda} $(PY) -m distcourse.launch.bookrun \
+		--timeout $(NB_TIMEOUT)
+
+# Stored outputs are CPU outputs, on a GPU box too (as `make test` compares them).
+notebooks execute: export DISTCOURSE_DEVICE = cpu
 
 # Re-execute one notebook in place and store its outputs: make execute NB=book/01_quickstart.ipynb
 execute: venv

@@ -59,22 +59,45 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+DEVICE_VARIABLE = "DISTCOURSE_DEVICE"  # cpu | cuda: forces every rank's choice
+
+
+def device_preference() -> str | None:
+    """'cpu' or 'cuda' as DISTCOURSE_DEVICE asks, or None when it is unset or empty.
+
+    The test configuration sets it to 'cpu' (the stored outputs are CPU outputs, so
+    the book compares equal on a GPU box too); `make test-gpu` sets 'cuda'. Child
+    processes (engines, spawned ranks, torchrun's workers) inherit it.
+    """
+    value = os.environ.get(DEVICE_VARIABLE, "").strip().lower()
+    if value not in ("", "cpu", "cuda"):
+        raise ValueError(
+            f"{DEVICE_VARIABLE}={os.environ[DEVICE_VARIABLE]!r}: use 'cpu' or "
+            "'cuda', or leave it unset to choose by the GPUs visible"
+        )
+    return value or None
+
+
 def pick_backend(
-    local_rank: int, local_world_size: int, prefer: str | None = None
+    local_rank: int,
+    local_world_size: int,
+    prefer: str | None = None,
+    gpus: int | None = None,
 ) -> tuple[str, torch.device]:
     """Choose (backend, device) for one rank: NCCL on its own GPU, else gloo on CPU.
 
     Every local rank needs a GPU of its own for NCCL. With more ranks on this host than
     GPUs, all ranks fall back to gloo on the CPU (with a warning): the decision depends
     only on the counts, so every rank makes the same one. `prefer` ("gloo"/"cpu" or
-    "nccl"/"cuda"), or the environment variable DISTCOURSE_DEVICE, forces a choice.
+    "nccl"/"cuda"), or else the environment variable DISTCOURSE_DEVICE (cpu/cuda),
+    forces a choice. `gpus` is the number of GPUs visible (default: gpu_count()).
     """
-    prefer = (prefer or os.environ.get("DISTCOURSE_DEVICE") or "").lower() or None
+    prefer = (prefer or "").lower() or device_preference()
     if prefer not in (None, "gloo", "cpu", "nccl", "cuda"):
         raise ValueError(f"unknown backend or device {prefer!r}; use 'gloo' or 'nccl'")
     if not 0 <= local_rank < local_world_size:
         raise ValueError(f"local_rank={local_rank} outside 0..{local_world_size - 1}")
-    gpus = gpu_count()
+    gpus = gpu_count() if gpus is None else gpus
     if prefer in ("gloo", "cpu"):
         return "gloo", torch.device("cpu")
     if gpus >= local_world_size:

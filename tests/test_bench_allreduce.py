@@ -16,23 +16,20 @@ def test_quick_json_run_prints_one_object_with_a_ratio() -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)  # stdout holds the JSON object and nothing else
-    assert report["ratio"] > 0 and report["ranks"] == 4
+    assert report["ratio"] > 0 and report["ranks"] == 4 and report["runs"] == 1
+    assert report["ratio_min"] == report["ratio"] == report["ratio_max"]
     assert {(r["ranks"], r["bytes"]) for r in report["rows"]} == {
         (n, s) for n in (2, 4) for s in allreduce.QUICK_SIZES
     }
 
 
 def test_table_lists_every_row() -> None:
-    rows = [dict(ranks=2, bytes=1024, torch_gbps=1.0, distcourse_gbps=0.5, ratio=0.5)]
+    rows = [dict(ranks=2, bytes=1024, torch_gbps=1.0, distcourse_gbps=0.5, ratio=0.5,
+                 ratio_min=0.25, ratio_max=0.75, runs=5)]  # fmt: skip
     lines = allreduce.table(rows).splitlines()
-    assert len(lines) == 2 and lines[1].split() == [
-        "2",
-        "1",
-        "KB",
-        "1.000",
-        "0.500",
-        "0.50",
-    ]
+    assert len(lines) == 2
+    want = ["2", "1", "KB", "1.000", "0.500", "0.50", "0.25-0.75", "5"]
+    assert lines[1].split() == want
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from distcourse import comm
-from distcourse.comm import costmodel
+from distcourse.comm import costmodel, ring
 from distcourse.comm.ledger import Ledger, Record
 from distcourse.launch import spawn
 
@@ -19,9 +19,12 @@ def _p2p_bytes(call) -> tuple[int, int]:
     return ledger.bytes_sent(), ledger.bytes_received()
 
 
-def _ring_bytes(numel: int) -> list[tuple]:
+def _ring_bytes(numel: int, piece: int = 0) -> list[tuple]:
     """Per group size N (2, 3, 4): (N, bytes sent, bytes received) by a ring all-reduce
-    of `numel` float32 on this rank, with check=False so only the ring is counted."""
+    of `numel` float32 on this rank, with check=False so only the ring is counted.
+    `piece`: the ring's pieces of that many bytes (0: its default)."""
+    if piece:
+        ring.PIECE_BYTES = piece  # a spawned rank: the change dies with it
     rank, out = dist.get_rank(), []
     for n in (2, 3, 4):
         group = dist.new_group(list(range(n)))  # every rank must create every group
@@ -44,8 +47,9 @@ def _uneven_ring_bytes(numel: int, n: int, rank: int) -> int:
 
 
 @pytest.mark.parametrize("numel", [1200, 1201])  # divisible by 2, 3, 4 / by none
-def test_ring_all_reduce_sends_what_the_cost_model_says(numel: int) -> None:
-    results = spawn(_ring_bytes, 4, numel)
+@pytest.mark.parametrize("piece", [0, 64])  # whole chunks / chunks in many pieces
+def test_ring_all_reduce_sends_what_the_cost_model_says(numel: int, piece: int) -> None:
+    results = spawn(_ring_bytes, 4, numel, piece)
     for rank, per_n in enumerate(results):
         for n, sent, got in per_n:
             predicted = costmodel.predict("ring_all_reduce", 4 * numel, n).bytes_sent

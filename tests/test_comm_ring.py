@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from distcourse import comm
+from distcourse.comm import ring
 from distcourse.launch import spawn
 from distcourse.runtime import RankError
 
@@ -63,8 +64,15 @@ def _all_collectives() -> None:
         ops = OPS if dtype == torch.float32 else OPS[:1]
         for numel in (1, 2 * n + 1, 16):  # fewer than N, not divisible by N, even
             _against_torch(numel, dtype, ops)
-    comm.PIECE_BYTES = 16  # chunks travel in many pieces: the pipelined reduce path
-    _against_torch(5 * n + 3, torch.float64, OPS[:2])
+    # chunks in many pieces (the pipelined path), then in more pieces than elements
+    # (empty pieces), then every chunk in at least two, however small
+    for piece, split in ((16, ring.SPLIT_BYTES), (1, ring.SPLIT_BYTES), (1 << 20, 0)):
+        saved = ring.PIECE_BYTES, ring.SPLIT_BYTES
+        ring.PIECE_BYTES, ring.SPLIT_BYTES = piece, split
+        try:
+            _against_torch(5 * n + 3, torch.float64, OPS[:2])
+        finally:
+            ring.PIECE_BYTES, ring.SPLIT_BYTES = saved
     # any shape, contiguous or not: work on a flat copy, then copy back
     x = torch.arange(12.0).view(3, 4).t() * (rank + 1)  # (4, 3), not contiguous
     want = x.contiguous()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -49,6 +50,16 @@ def test_start_rejects_a_bad_backend_before_starting_anything() -> None:
             cluster.start(2, backend="nccl")
 
 
+def test_default_ranks_follow_the_device_variable(monkeypatch) -> None:
+    monkeypatch.setattr(runtime, "gpu_count", lambda: 8)  # a box with 8 GPUs
+    monkeypatch.setenv(runtime.DEVICE_VARIABLE, "cpu")  # the test configuration
+    assert cluster.default_ranks() == cluster.DEFAULT_RANKS
+    monkeypatch.setenv(runtime.DEVICE_VARIABLE, "cuda")
+    assert cluster.default_ranks() == 8
+    monkeypatch.delenv(runtime.DEVICE_VARIABLE)
+    assert cluster.default_ranks() == 8
+
+
 def _ranks_and_sum() -> tuple[int, int, float]:
     import torch
     import torch.distributed as dist
@@ -70,6 +81,9 @@ def test_ranks_start_run_fail_stop_and_restart() -> None:
     try:
         assert ranks.run(_ranks_and_sum) == [(0, 2, 1.0), (1, 2, 1.0)]
         assert ranks.pull("rank", rank=1) == 1
+        # engines inherit the test configuration's device choice from the kernel
+        device = ranks.run(os.environ.get, runtime.DEVICE_VARIABLE)
+        assert device == [os.environ[runtime.DEVICE_VARIABLE]] * 2 == ["cpu"] * 2
         with pytest.raises(runtime.RankError, match="rank 1 failed: ValueError"):
             ranks.run(_fail_on_rank_one)
         with pytest.raises(ValueError, match="rank must be in 0..1"):

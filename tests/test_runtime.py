@@ -167,6 +167,30 @@ def test_pick_backend_on_this_machine() -> None:
         runtime.pick_backend(4, 4)
 
 
+def test_the_test_configuration_picks_gloo_even_when_gpus_exist(monkeypatch) -> None:
+    # the root conftest.py is the test configuration: it set DISTCOURSE_DEVICE=cpu
+    assert os.environ[runtime.DEVICE_VARIABLE] == "cpu"
+    assert runtime.pick_backend(0, 4, gpus=8) == ("gloo", torch.device("cpu"))
+    # the same through the chooser's own GPU count, told by torch.cuda that 8 exist
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert runtime.gpu_count() == 8
+    assert runtime.pick_backend(1, 2) == ("gloo", torch.device("cpu"))
+    monkeypatch.delenv(runtime.DEVICE_VARIABLE)  # without it, those GPUs win
+    assert runtime.pick_backend(1, 2) == ("nccl", torch.device("cuda", 1))
+
+
+def test_device_variable_asks_for_cuda_or_fails_clearly(monkeypatch) -> None:
+    monkeypatch.setenv(runtime.DEVICE_VARIABLE, "CUDA")
+    assert runtime.pick_backend(3, 4, gpus=4) == ("nccl", torch.device("cuda", 3))
+    with pytest.raises(ValueError, match="4 ranks on this host, 2 GPUs visible"):
+        runtime.pick_backend(0, 4, gpus=2)
+    assert runtime.pick_backend(0, 4, prefer="gloo", gpus=4)[0] == "gloo"  # arg wins
+    monkeypatch.setenv(runtime.DEVICE_VARIABLE, "gpu")
+    with pytest.raises(ValueError, match="DISTCOURSE_DEVICE='gpu': use 'cpu' or"):
+        runtime.pick_backend(0, 1, gpus=1)
+
+
 def _draw(per_rank: bool) -> list[float]:
     runtime.seed_everything(1234, per_rank=per_rank)
     return torch.rand(3).tolist()

@@ -1,7 +1,9 @@
 """Bus bandwidth of distcourse's ring all-reduce against torch's dist.all_reduce.
 
-`python -m distcourse.bench allreduce [--json] [--quick] [--sizes 1K 64M] [--ranks 2 4]`
-Both run in the same ranks, alternating call by call, so a busy machine slows both.
+`python -m distcourse.bench allreduce [--json] [--quick] [--sizes 1K 64M] [--ranks 2 4]
+[--runs 5]`. Both run in the same ranks, alternating call by call, so a busy machine
+slows both; the ratio of their bus bandwidths is what one run measures. A row gives the
+median over --runs runs and the spread (lowest and highest ratio).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import functools
 import json
 import re
+import statistics
 
 import torch.distributed as dist
 
@@ -30,25 +33,34 @@ def parse_size(text: str) -> int:
     return int(match[1]) * _UNITS[match[2]]
 
 
-def _on_rank(sizes: list[int], repeats: int, warmup: int) -> dict[str, list[float]]:
-    """Time both all-reduces on every size; runs on each rank, returns seconds."""
+def _on_rank(
+    sizes: list[int], repeats: int, warmup: int, runs: int
+) -> list[dict[str, list[float]]]:
+    """Time both all-reduces on every size, `runs` times; runs on each rank."""
     ring = functools.partial(comm.ring_all_reduce, check=False)
     fns = {"torch": dist.all_reduce, "distcourse": ring}
-    return measure(fns, sizes, repeats=repeats, warmup=warmup)
+    return [measure(fns, sizes, repeats=repeats, warmup=warmup) for _ in range(runs)]
 
 
-def run(ranks: list[int], sizes: list[int], repeats: int, warmup: int) -> list[dict]:
-    """One table row per (ranks, size): bus bandwidths in GB/s and their ratio."""
+def run(
+    ranks: list[int], sizes: list[int], repeats: int, warmup: int, runs: int = 1
+) -> list[dict]:
+    """One table row per (ranks, size): bus bandwidths in GB/s and their ratio, the
+    medians over `runs` runs, with the lowest and highest ratio of a run."""
     rows = []
     for n in ranks:
-        times = spawn(_on_rank, n, sizes, repeats, warmup, timeout=120)[0]
+        per_run = spawn(_on_rank, n, sizes, repeats, warmup, runs, timeout=600)[0]
         for i, size in enumerate(sizes):
-            torch_bw = bus_bandwidth(size, n, times["torch"][i]) / 1e9
-            ours_bw = bus_bandwidth(size, n, times["distcourse"][i]) / 1e9
-            row = dict(
-                ranks=n, bytes=size, torch_gbps=torch_bw, distcourse_gbps=ours_bw
-            )
-            rows.append(row | {"ratio": ours_bw / torch_bw})
+            bw = {name: [bus_bandwidth(size, n, t[name][i]) / 1e9 for t in per_run]
+                  for name in ("torch", "distcourse")}  # fmt: skip
+            torch_bw, ours_bw = bw["torch"], bw["distcourse"]
+            ratios = [a / b for a, b in zip(ours_bw, torch_bw, strict=True)]
+            rows.append(dict(
+                ranks=n, bytes=size, torch_gbps=statistics.median(torch_bw),
+                distcourse_gbps=statistics.median(ours_bw),
+                ratio=statistics.median(ratios), ratio_min=min(ratios),
+                ratio_max=max(ratios), runs=len(ratios),
+            ))  # fmt: skip
     return rows
 
 
@@ -60,13 +72,15 @@ def _human(size: int) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """The rows as a fixed-width text table."""
+    """The rows as a fixed-width text table (ratio: median; spread: lowest-highest)."""
     head = f"{'ranks':>5} {'size':>8} {'torch GB/s':>11} {'distcourse GB/s':>16}"
-    lines = [f"{head} {'ratio':>6}"]
+    lines = [f"{head} {'ratio':>6} {'spread':>10} {'runs':>4}"]
     for r in rows:
+        spread = f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}"
         lines.append(
             f"{r['ranks']:>5} {_human(r['bytes']):>8} {r['torch_gbps']:>11.3f} "
-            f"{r['distcourse_gbps']:>16.3f} {r['ratio']:>6.2f}"
+            f"{r['distcourse_gbps']:>16.3f} {r['ratio']:>6.2f} {spread:>10} "
+            f"{r['runs']:>4}"
         )
     return "\n".join(lines)
 
@@ -77,20 +91,25 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="two small sizes, 1 run")
     parser.add_argument("--sizes", nargs="+", type=parse_size, help="e.g. 1K 16M")
     parser.add_argument("--ranks", nargs="+", type=int, default=[2, 4])
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=9, help="timed calls a run")
+    parser.add_argument("--runs", type=int, default=5, help="runs: median, spread")
     args = parser.parse_args(argv)
+    if args.runs < 1 or args.repeats < 1:
+        parser.error("--runs and --repeats must be at least 1")
     sizes = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)
-    repeats, warmup = (1, 0) if args.quick else (args.repeats, 2)
-    rows = run(args.ranks, sizes, repeats, warmup)
+    repeats, warmup, runs = (1, 0, 1) if args.quick else (args.repeats, 2, args.runs)
+    rows = run(args.ranks, sizes, repeats, warmup, runs)
     # the headline: the largest size on the largest world size measured
     top = max(rows, key=lambda r: (r["ranks"], r["bytes"]))
     if args.json:
-        headline = {key: top[key] for key in ("ratio", "ranks", "bytes")}
+        keys = ("ratio", "ratio_min", "ratio_max", "runs", "ranks", "bytes")
+        headline = {key: top[key] for key in keys}
         print(json.dumps(headline | {"rows": rows}))
     else:
         print(table(rows))
         print(
             f"ratio (distcourse / torch bus bandwidth, {top['ranks']} ranks, "
-            f"{_human(top['bytes'])}): {top['ratio']:.2f}"
+            f"{_human(top['bytes'])}): {top['ratio']:.2f}, median of {top['runs']} "
+            f"runs ({top['ratio_min']:.2f}-{top['ratio_max']:.2f})"
         )
     return 0

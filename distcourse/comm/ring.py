@@ -24,7 +24,14 @@ from distcourse.comm.agree import (
     reduce_op,
 )
 
-PIECE_BYTES = 4 << 20  # reduce-scatter messages are cut into pieces of this size
+# A chunk travels in pieces of at most PIECE_BYTES, two or more once it reaches
+# SPLIT_BYTES: one is reduced while the next is on the wire, as in gloo's own ring.
+# Smaller pieces measured slower (each message costs a round of Python, torch and
+# gloo bookkeeping); see distcourse.bench.allreduce. Reduce-scatter receives into
+# RECV_BUFFERS piece-sized buffers taken in turn.
+PIECE_BYTES = 4 << 20
+SPLIT_BYTES = 1 << 20
+RECV_BUFFERS = 2
 
 
 def _check_blocks(
@@ -39,51 +46,97 @@ def _check_blocks(
                          f"got {', '.join(got)}")  # fmt: skip
 
 
-def _exchange(send: Tensor, recv: Tensor, g: Members) -> list:
-    """Send to the right neighbour and receive from the left one, as one batch.
+def _piece_count(chunk: Tensor) -> int:
+    """How many pieces each chunk is cut into (chunks differ by one element at most)."""
+    nbytes = chunk.numel() * chunk.element_size()
+    count = -(-nbytes // PIECE_BYTES)
+    return max(count, 2) if nbytes >= SPLIT_BYTES else max(count, 1)
 
-    Posting both before waiting on either keeps a ring from deadlocking; the batch
-    also lets NCCL run them together. Empty tensors are skipped on both ends.
+
+def _pieces(chunks: list, count: int) -> list:
+    """The pieces of the chunks sent (or received) step after step, in order."""
+    return [piece for chunk in chunks for piece in chunk.tensor_split(count)]
+
+
+def _stream(
+    sends: list, recvs: list, g: Members, send_ahead: int, recv_ahead: int,
+    arrived: Callable[[int], None] | None = None,
+) -> None:  # fmt: skip
+    """Send sends[m] right and receive recvs[m] from the left, m = 0, 1, ...; run
+    `arrived(m)` once message m is in.
+
+    Send m is posted once message m - send_ahead is in (its data is ready then), receive
+    m once message m - recv_ahead is in (its buffer is free then). One stream runs
+    through all the ring's steps, with no wait at a step's end, and receives are
+    posted ahead of the sends they match, so the data need not wait for them. Empty
+    pieces are skipped on both ends. Returns once every send has completed, so the
+    caller may overwrite what was sent.
     """
-    ops = [dist.P2POp(dist.isend, send, g.peer(1), g.group)] if send.numel() else []
-    ops += [dist.P2POp(dist.irecv, recv, g.peer(-1), g.group)] if recv.numel() else []
-    return dist.batch_isend_irecv(ops) if ops else []
+    total = len(sends)
+    receiving: list = [[] for _ in range(total)]
+    sending: list = []
+
+    def receive(m: int) -> None:
+        if m < total:
+            receiving[m] = _post(dist.irecv, recvs[m], g.peer(-1), g)
+
+    def send(m: int) -> None:
+        if m < total:
+            sending.extend(_post(dist.isend, sends[m], g.peer(1), g))
+
+    for m in range(send_ahead):
+        send(m)
+    for m in range(recv_ahead):
+        receive(m)
+    for m in range(total):
+        for work in receiving[m]:
+            work.wait()
+        if arrived is not None:
+            arrived(m)
+        receive(m + recv_ahead)
+        send(m + send_ahead)
+    for work in sending:
+        work.wait()
+
+
+def _post(fn: Callable, tensor: Tensor, peer: int, g: Members) -> list:
+    """Start one isend or irecv (none for an empty tensor), as a batch of one: the
+    same call on NCCL and gloo, and the one a Ledger records for every ring message."""
+    if not tensor.numel():
+        return []
+    return dist.batch_isend_irecv([dist.P2POp(fn, tensor, peer, g.group)])
 
 
 def _reduce_scatter_ring(chunks: list, g: Members, reduce: Callable) -> None:
     """N-1 steps; afterwards chunks[g.rank] holds the reduction over all ranks.
 
-    Each chunk travels in pieces, two at a time: while piece k is reduced, piece k+1
-    is on the wire. Two piece-sized buffers take turns; no chunk-sized scratch.
+    Step s sends chunk rank-s-1 (reduced in step s-1) and adds the received one into
+    chunk rank-s-2, piece by piece. A piece goes out as soon as it is reduced; pieces
+    arrive in RECV_BUFFERS piece-sized buffers taken in turn and are added in place
+    into the chunk's view: no chunk-sized scratch, no copy.
     """
-    first = chunks[0]  # the longest chunk
-    count = -(-first.numel() * first.element_size() // PIECE_BYTES)  # pieces per chunk
-    bufs = first.new_empty(2, -(-first.numel() // count))  # (2, piece)
-    me, n = g.rank, g.size
-    for step in range(n - 1):
-        sends = chunks[(me - step - 1) % n].tensor_split(count)
-        parts = chunks[(me - step - 2) % n].tensor_split(count)
-        works = [_post(k, sends, parts, bufs, g) for k in (0, 1)]
-        for k, part in enumerate(parts):
-            for work in works[k]:
-                work.wait()
-            reduce(part, bufs[k % 2, : len(part)], out=part)
-            works.append(_post(k + 2, sends, parts, bufs, g))  # into the freed buffer
+    me, n, count = g.rank, g.size, _piece_count(chunks[0])
+    sends = _pieces([chunks[(me - s - 1) % n] for s in range(n - 1)], count)
+    parts = _pieces([chunks[(me - s - 2) % n] for s in range(n - 1)], count)
+    bufs = chunks[0].new_empty(RECV_BUFFERS, -(-chunks[0].numel() // count))
+    recvs = [bufs[m % RECV_BUFFERS, : len(part)] for m, part in enumerate(parts)]
 
+    def add(m: int) -> None:
+        reduce(parts[m], recvs[m], out=parts[m])
 
-def _post(k: int, sends: tuple, parts: tuple, bufs: Tensor, g: Members) -> list:
-    """Start piece k of a reduce-scatter step, if any; it is received in bufs[k % 2]."""
-    if k >= len(parts):
-        return []
-    return _exchange(sends[k], bufs[k % 2, : len(parts[k])], g)
+    _stream(sends, recvs, g, send_ahead=count, recv_ahead=RECV_BUFFERS, arrived=add)
 
 
 def _all_gather_ring(chunks: list, g: Members) -> None:
-    """N-1 steps; each rank starts with chunks[g.rank] and ends with all of them."""
-    me, n = g.rank, g.size
-    for step in range(n - 1):
-        for work in _exchange(chunks[(me - step) % n], chunks[(me - step - 1) % n], g):
-            work.wait()
+    """N-1 steps; each rank starts with chunks[g.rank] and ends with all of them.
+
+    Step s forwards chunk rank-s (received in step s-1) and receives chunk rank-s-1
+    straight into place, so every receive can be posted at once.
+    """
+    me, n, count = g.rank, g.size, _piece_count(chunks[0])
+    sends = _pieces([chunks[(me - s) % n] for s in range(n - 1)], count)
+    recvs = _pieces([chunks[(me - s - 1) % n] for s in range(n - 1)], count)
+    _stream(sends, recvs, g, send_ahead=count, recv_ahead=len(recvs))
 
 
 def _copy_back(tensor: Tensor, flat: Tensor) -> None:

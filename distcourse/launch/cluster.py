@@ -147,7 +147,10 @@ def processes(ranks: Ranks) -> list[int]:
 
 
 def default_ranks() -> int:
-    """One rank per GPU on a GPU box, else DEFAULT_RANKS."""
+    """One rank per GPU on a GPU box, else DEFAULT_RANKS (also where DISTCOURSE_DEVICE
+    is 'cpu', as in the test configuration: the stored outputs' rank count)."""
+    if runtime.device_preference() == "cpu":
+        return DEFAULT_RANKS
     return runtime.gpu_count() or DEFAULT_RANKS
 
 

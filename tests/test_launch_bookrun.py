@@ -1,0 +1,125 @@
+"""`make test-gpu`'s driver on small synthetic notebooks: verdicts, plan, report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from distcourse import runtime
+from distcourse.launch import bookrun
+
+
+def _stream(text: str) -> nbformat.NotebookNode:
+    return new_output("stream", name="stdout", text=text)
+
+
+def _notebook_with_outputs() -> nbformat.NotebookNode:
+    nb = new_notebook()
+    nb.cells = [
+        new_markdown_cell("The test must say: PASS"),  # prose is not output
+        new_code_cell(
+            "",
+            outputs=[
+                _stream(
+                    "[stdout:0] \nby hand  max |4 ranks - one process| <= 1e-06: PASS\n"
+                    "rank 1: parameters identical on all ranks: True\n"
+                    "loss 0.1234, PASS rate 3 of 4\n"  # neither a verdict nor a claim
+                )
+            ],
+        ),  # fmt: skip
+        new_code_cell(
+            "",
+            outputs=[
+                _stream("max |difference| = 1.2e-03 > 1e-06: FAIL\n"),
+                new_output(
+                    "execute_result",
+                    data={"text/plain": "bit for bit: False"},
+                    execution_count=1,
+                ),
+            ],
+        ),  # fmt: skip
+    ]
+    return nb
+
+
+def test_verdicts_are_the_pass_and_true_lines_the_rest_is_not_compared() -> None:
+    passed, failed = bookrun.verdicts(_notebook_with_outputs())
+    assert passed == [
+        "by hand  max |4 ranks - one process| <= 1e-06: PASS",
+        "rank 1: parameters identical on all ranks: True",
+    ]
+    assert failed == ["max |difference| = 1.2e-03 > 1e-06: FAIL", "bit for bit: False"]
+
+
+def _chapter(tmp_path: Path, name: str, *sources: str) -> Path:
+    nb = new_notebook(cells=[new_code_cell(s) for s in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    path = tmp_path / f"{name}.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_chapters_run_on_their_rank_count_or_one_rank_per_gpu(tmp_path) -> None:
+    four = _chapter(
+        tmp_path, "a", "r = cluster.start(4)", "cluster.start(2, debug=True)"
+    )
+    none = _chapter(tmp_path, "b", "print(1)")
+    short, empty = bookrun.plan([four, none], "cuda", gpus=2)
+    assert (short.written_ranks, short.ranks, empty.ranks) == (4, 2, 0)
+    assert [c.ranks for c in bookrun.plan([four], "cuda", gpus=8)] == [4]
+    assert [c.ranks for c in bookrun.plan([four], "cpu", gpus=8)] == [4]  # dry run
+    nb = nbformat.read(four, as_version=4)
+    bookrun.set_ranks(nb, 2)
+    assert [c.source for c in nb.cells] == [
+        "r = cluster.start(2)",
+        "cluster.start(2, debug=True)",
+    ]
+    text = bookrun.report([short, empty], "a test")
+    assert "* more ranks than GPUs, run one per GPU: a (4)" in text
+    assert text.endswith("verdicts: 0 passed, 0 failed; FAIL")  # none seen: no pass
+
+
+def test_a_gpu_run_without_a_gpu_says_how_to_dry_run(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(runtime, "gpu_count", lambda: 0)
+    monkeypatch.setenv(runtime.DEVICE_VARIABLE, "cuda")
+    assert bookrun.main(["--out", "unused"]) == 2
+    assert "DISTCOURSE_DEVICE=cpu make test-gpu" in capsys.readouterr().err
+
+
+def test_dry_run_executes_copies_and_reports(tmp_path, monkeypatch, capsys) -> None:
+    """Real kernels: cell errors and failed verdicts fail the run, the stored
+    notebooks stay as they were, the executed copies land in --out."""
+    good = _chapter(
+        tmp_path, "01_good",
+        "import os; print('device:', os.environ['DISTCOURSE_DEVICE'] == 'cpu')",
+        "print('max |a - b| <= 1e-06: PASS')",
+        "raise ValueError('shown on purpose')",
+    )  # fmt: skip
+    good_nb = nbformat.read(good, as_version=4)
+    good_nb.cells[2].metadata["tags"] = ["raises-exception"]  # an error on purpose
+    nbformat.write(good_nb, good)
+    bad = _chapter(tmp_path, "02_bad", "print('same: False')", "1 / 0", "print(2)")
+    stored = {p: p.read_bytes() for p in (good, bad)}
+    monkeypatch.setenv(runtime.DEVICE_VARIABLE, "cpu")
+    out = tmp_path / "out"
+    assert bookrun.main([str(good), "--out", str(out)]) == 0
+    assert "01_good" in capsys.readouterr().out
+    assert bookrun.main([str(good), str(bad), "--out", str(out)]) == 1
+    report = (out / "report.txt").read_text()
+    assert report.startswith("Book run on CPU dry run")
+    assert "02_bad: cell error: ZeroDivisionError: division by zero" in report
+    assert "02_bad: same: False" in report
+    assert report.rstrip().endswith("verdicts: 2 passed, 1 failed; FAIL")
+    assert {p: p.read_bytes() for p in (good, bad)} == stored  # never overwritten
+    executed = nbformat.read(out / "02_bad.ipynb", as_version=4)
+    assert executed.cells[0].outputs[0].text == "same: False\n"
+
+
+@pytest.mark.parametrize("value", ["gpu", "nccl "])
+def test_a_bad_device_variable_is_refused(monkeypatch, value: str) -> None:
+    monkeypatch.setenv(runtime.DEVICE_VARIABLE, value)
+    with pytest.raises(ValueError, match="use 'cpu' or 'cuda'"):
+        bookrun.main([])
