@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from distcourse.launch.script import OUR_DDP, TORCH_DDP, run_script, swapped
@@ -33,6 +34,7 @@ def _run(tmp: Path, swap: tuple[str, str] | None) -> tuple[list[str], dict]:
     return lines, states
 
 
+@pytest.mark.timeout(900)  # 2 x 3 programs, each starting 3 interpreters
 def test_the_tutorial_gives_identical_parameters_with_either_ddp(
     tmp_path: Path,
 ) -> None:
