@@ -29,3 +29,13 @@ def test_quick_run_measures_every_mode_and_world() -> None:
     assert all(0 < r["q1_ms"] <= r["median_ms"] <= r["q3_ms"] for r in rows)
     table = scaling.format_table(rows, speedup=False)
     assert "speed-up" not in table and table.count(" ms") == 3 * len(rows)
+
+
+def test_plot_draws_both_modes() -> None:
+    cfg = scaling.Config()
+    times = {w: {m: [0.01 * w, 0.02 * w, 0.03 * w] for m in scaling.MODES}
+             for w in (1, 2)}  # fmt: skip
+    fig = scaling.plot(scaling.summarize(times, cfg))
+    assert [ax.get_title() for ax in fig.axes] == [
+        "strong scaling: fixed global batch", "weak scaling: fixed per-rank batch",
+    ]  # fmt: skip

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from distcourse.launch.script import free_port, run_script, swapped
+from distcourse.launch.script import excerpt, free_port, run_script, swapped
 
 
 def test_swapped_replaces_exactly_one_whole_line() -> None:
@@ -40,3 +40,17 @@ def test_a_failing_script_raises_with_its_error(tmp_path: Path) -> None:
     script.write_text("raise SystemExit('no GPU here')\n")
     with pytest.raises(RuntimeError, match="fail.py exited with 1:\nno GPU here"):
         run_script(script)
+
+
+def test_excerpt_takes_imports_and_named_definitions(tmp_path: Path) -> None:
+    source = tmp_path / "prog.py"
+    source.write_text(
+        '"""doc"""\nimport os\n\nX = 1\n\n\ndef f():\n    return X\n\n\n'
+        "class C:\n    pass\n\n\ndef g():\n    pass\n"
+    )
+    assert excerpt(source, "f", "C") == (
+        "import os\n\n\ndef f():\n    return X\n\n\nclass C:\n    pass"
+    )
+    assert excerpt(source, "g", imports=False) == "def g():\n    pass"
+    with pytest.raises(ValueError, match=r"defines no \['h'\]"):
+        excerpt(source, "h")

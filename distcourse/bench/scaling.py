@@ -125,3 +125,28 @@ def main(argv: list[str]) -> int:
     cfg = QUICK if parser.parse_args(argv).quick else Config()
     print(format_table(run(cfg)))
     return 0
+
+
+def plot(rows: list[dict]) -> object:
+    """Step time against ranks for each mode: medians, quartile bars, the ideal line."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    for ax, mode in zip(axes, MODES, strict=True):
+        mine = [r for r in rows if r["mode"] == mode]
+        ranks = [r["ranks"] for r in mine]
+        median = [r["median_ms"] for r in mine]
+        spread = [
+            [r["median_ms"] - r["q1_ms"] for r in mine],
+            [r["q3_ms"] - r["median_ms"] for r in mine],
+        ]
+        ax.errorbar(ranks, median, yerr=spread, marker="o", capsize=4,
+                    label="measured: median, quartiles")  # fmt: skip
+        ideal = [median[0] / n if mode == "strong" else median[0] for n in ranks]
+        ax.plot(ranks, ideal, "--", color="grey", label="ideal (no communication)")
+        batch = "global" if mode == "strong" else "per-rank"
+        ax.set(xticks=ranks, xlabel="ranks", ylabel="step time (ms)",
+               title=f"{mode} scaling: fixed {batch} batch", ylim=(0, None))  # fmt: skip
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -9,6 +9,7 @@ tries our DDP in PyTorch's own example by changing an import.
 
 from __future__ import annotations
 
+import ast
 import os
 import socket
 import subprocess
@@ -43,6 +44,27 @@ def swapped(text: str, swap: tuple[str, str]) -> str:
         raise ValueError(f"expected exactly one line {old!r}, found {len(hits)}")
     lines[hits[0]] = new + "\n"
     return "".join(lines)
+
+
+def excerpt(path: str | Path, *names: str, imports: bool = True) -> str:
+    """The source of `path`'s top-level functions and classes `names`, in file order.
+
+    With `imports`, its import lines come first: what a reader needs to see of a
+    long script, taken from the file itself so the book cannot drift from it.
+    """
+    text = Path(path).read_text()
+    found, parts = set(), []
+    for node in ast.parse(text).body:
+        wanted = imports and isinstance(node, (ast.Import, ast.ImportFrom))
+        name = getattr(node, "name", None)
+        if wanted or name in names:
+            found.add(name)
+            parts.append(ast.get_source_segment(text, node) or "")
+    if missing := set(names) - found:
+        raise ValueError(f"{path} defines no {sorted(missing)}")
+    blocks = "\n".join(p for p in parts if p.startswith(("import", "from")))
+    rest = "\n\n\n".join(p for p in parts if not p.startswith(("import", "from")))
+    return f"{blocks}\n\n\n{rest}" if blocks else rest
 
 
 def run_script(
