@@ -145,8 +145,8 @@ def plot(rows: list[dict]) -> object:
         ideal = [median[0] / n if mode == "strong" else median[0] for n in ranks]
         ax.plot(ranks, ideal, "--", color="grey", label="ideal (no communication)")
         batch = "global" if mode == "strong" else "per-rank"
-        ax.set(xticks=ranks, xlabel="ranks", ylabel="step time (ms)",
-               title=f"{mode} scaling: fixed {batch} batch", ylim=(0, None))  # fmt: skip
+        ax.set(xticks=ranks, xlabel="ranks", ylabel="step time (ms)", ylim=(0, None))
+        ax.set_title(f"{mode} scaling: fixed {batch} batch")
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
