@@ -128,7 +128,7 @@ def main(argv: list[str]) -> int:
 
 
 def plot(rows: list[dict]) -> object:
-    """Step time against ranks for each mode: medians, quartile bars, the ideal line."""
+    """Step time against ranks per mode: medians, quartile bars, the ideal line."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
@@ -149,4 +149,5 @@ def plot(rows: list[dict]) -> object:
         ax.set_title(f"{mode} scaling: fixed {batch} batch")
         ax.legend(fontsize=8)
     fig.tight_layout()
+    plt.close(fig)  # the caller displays it; pyplot must not show it a second time
     return fig
