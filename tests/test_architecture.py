@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "distcourse"
 MAX_LINES = 300
 # modules of distcourse/parallel/ that are building blocks, not strategies
-SHARED = {"__init__", "replicas", "buckets", "hybrid"}
+SHARED = {"__init__", "replicas", "buckets", "compat", "hybrid"}
 
 
 def _modules() -> list[Path]:

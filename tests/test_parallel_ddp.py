@@ -112,7 +112,10 @@ def _bucket_runs() -> dict[float, tuple[list, list[list[int]]]]:
     for cap in CAPS_MB:
         model = _model()
         index = {id(p): i for i, p in enumerate(model.parameters())}
-        layout = [[index[id(p)] for p in b.params] for b in DDP(model, cap).buckets]
+        layout = [
+            [index[id(p)] for p in b.params]
+            for b in DDP(model, bucket_cap_mb=cap).buckets
+        ]
         results[cap] = (_train("ours", bucket_cap_mb=cap)[0], layout)
     return results
 

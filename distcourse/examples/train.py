@@ -57,3 +57,22 @@ def accuracy(
         correct += (pred == y.to(device)).sum().item()
         total += len(y)
     return correct / total
+
+
+def sgd_steps(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int = 20, lr: float = 0.1
+) -> list[float]:
+    """`steps` full-batch SGD steps with mean-squared error; the loss of each.
+
+    OneFlow's quick start trains its toy model this way. `model` may be wrapped in a
+    DDP (then x, y are this rank's share of the batch, and the loss is this rank's).
+    """
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses

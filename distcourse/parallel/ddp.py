@@ -20,6 +20,7 @@ from torch.utils.data import Dataset, Subset
 
 from distcourse import runtime
 from distcourse.comm.agree import Group
+from distcourse.parallel import compat
 from distcourse.parallel.buckets import Bucket, assign_buckets
 from distcourse.parallel.replicas import (
     check_same_shapes,
@@ -89,44 +90,67 @@ class DDP(nn.Module):
     a callback waits for the buckets and writes the averages into .grad, so a plain
     `optimizer.step()` follows.
 
-    `bucket_cap_mb`: bucket size in megabytes (2**20 bytes). `find_unused_parameters`:
-    a parameter without a gradient in a backward is sent as zeros (and keeps grad None
-    if no rank had a gradient for it); without it, such a parameter raises a
-    RuntimeError naming it. `check_equal`: raise ValueError if the ranks' initial
-    values differ, instead of silently copying rank 0's. `broadcast_buffers`: copy rank
-    0's buffers (e.g. BatchNorm statistics) before every forward with grad enabled.
+    Takes torch's DistributedDataParallel arguments, in torch's order and with their
+    meaning (`parallel.compat` says which are implemented, accepted or refused), so
+    a torch program runs with this DDP by changing its import. `bucket_cap_mb`:
+    bucket size in MiB (default 25). `find_unused_parameters`: a parameter without a
+    gradient in a backward is sent as zeros (and keeps grad None if no rank had one);
+    without it, such a parameter raises a RuntimeError naming it.
+    `gradient_as_bucket_view`: each .grad becomes a view into its bucket, saving one
+    copy of the gradients. Ours alone: `check_equal` raises ValueError if the ranks'
+    initial values differ; `group` is another name for `process_group`.
     `timeline` holds the last step's Events: forward, backward (until the last
     gradient arrived), one per bucket all-reduce (launch to completion), and the wait
     after the last gradient (launching the last buckets, waiting for all of them).
     """
 
-    def __init__(
+    def __init__(  # torch's signature, argument for argument
         self,
         module: nn.Module,
-        bucket_cap_mb: float = 25.0,
+        device_ids: list[int | torch.device] | None = None,
+        output_device: int | torch.device | None = None,
+        dim: int = 0,
+        broadcast_buffers: bool | None = None,
+        init_sync: bool = True,
+        process_group: Group = None,
+        bucket_cap_mb: float | None = None,
         find_unused_parameters: bool = False,
+        check_reduction: bool = False,
+        gradient_as_bucket_view: bool = False,
+        static_graph: bool = False,
+        delay_all_reduce_named_params: Any = None,
+        param_to_hook_all_reduce: Any = None,
+        mixed_precision: Any = None,
+        device_mesh: Any = None,
+        skip_all_reduce_unused_params: bool = False,
+        bucket_cap_mb_list: list[int] | None = None,
+        batched_grad_copy: bool = False,
+        forward_sync_buffers: bool | None = None,
+        *,
         check_equal: bool = False,
-        broadcast_buffers: bool = True,
         group: Group = None,
     ) -> None:
         super().__init__()
-        if not bucket_cap_mb > 0:
-            raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        self.options = compat.ddp_options(**args)
         runtime.require_initialized()
         self.module = module
-        self.group = group
+        self.group = group = self.options.group
+        self.device_ids = None if self.options.device is None else [self.options.device]
         self.world_size = dist.get_world_size(group)
-        self.find_unused_parameters = find_unused_parameters
-        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = self.options.find_unused_parameters
+        self.broadcast_buffers = self.options.forward_sync_buffers
+        self.gradient_as_bucket_view = self.options.gradient_as_bucket_view
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        check_same_shapes(named, group)
-        if check_equal:
-            check_same_values(named, group)
-        copy_from_rank0(module, group)
+        if self.options.init_sync:
+            check_same_shapes(named, group)
+            if check_equal:
+                check_same_values(named, group)
+            copy_from_rank0(module, group, buffers=self.options.init_sync_buffers)
 
         self.names = {id(p): n for n, p in named}
         params = [p for _, p in named]
-        groups = assign_buckets(params, int(bucket_cap_mb * 2**20))
+        groups = assign_buckets(params, int(self.options.bucket_cap_mb * 2**20))
         self.buckets = [Bucket(i, [params[j] for j in g]) for i, g in enumerate(groups)]
         for bucket in self.buckets:
             for slot, param in enumerate(bucket.params):
@@ -147,6 +171,8 @@ class DDP(nn.Module):
             with torch.no_grad():
                 for buf in self.module.buffers():
                     dist.broadcast(buf, group=self.group, group_src=0)
+        if self.options.device is not None:  # device_ids: inputs go to the module
+            args, kwargs = compat.to_device((args, kwargs), self.options.device)
         out = self.module(*args, **kwargs)
         self.timeline.append(Event("forward", start, time.perf_counter()))
         if isinstance(out, torch.Tensor) and out.requires_grad:
@@ -181,6 +207,8 @@ class DDP(nn.Module):
             # Divide as we copy (one pass over memory); the all-reduce then sums
             # averages, like torch's DDP.
             torch.div(param.grad, self.world_size, out=bucket.view(slot))
+            if self.gradient_as_bucket_view:
+                param.grad = bucket.view(slot)  # the gradient now lives in the bucket
             bucket.ready[slot] = True
             self._launch_full_buckets()
 
@@ -222,10 +250,12 @@ class DDP(nn.Module):
                 Event(f"all_reduce {bucket.index}", bucket.launched_at, done)
             )
             for slot, param in enumerate(bucket.params):
+                view = bucket.view(slot)
                 if param.grad is not None:
-                    param.grad.copy_(bucket.view(slot))
+                    if param.grad.data_ptr() != view.data_ptr():
+                        param.grad.copy_(view)
                 elif used_anywhere is None or used_anywhere[id(param)]:
-                    param.grad = bucket.view(slot).clone()
+                    param.grad = view if self.gradient_as_bucket_view else view.clone()
         # Backward computes until its last gradient arrives; what follows is sending
         # the last buckets and waiting for them.
         end = self._last_grad

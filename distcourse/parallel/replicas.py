@@ -78,8 +78,9 @@ def check_same_values(named: Named, group: Group) -> None:
         )
 
 
-def copy_from_rank0(module: nn.Module, group: Group) -> None:
-    """Broadcast rank 0's parameters and buffers, so every replica starts equal."""
+def copy_from_rank0(module: nn.Module, group: Group, buffers: bool = True) -> None:
+    """Broadcast rank 0's parameters (and buffers), so every replica starts equal."""
     with torch.no_grad():
-        for tensor in itertools.chain(module.parameters(), module.buffers()):
+        extra = module.buffers() if buffers else ()
+        for tensor in itertools.chain(module.parameters(), extra):
             dist.broadcast(tensor, group=group, group_src=0)

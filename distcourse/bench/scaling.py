@@ -1,0 +1,153 @@
+"""`python -m distcourse.bench scaling [--quick]`: what data parallelism costs in time.
+
+torch's DDP trains `wide_mlp` on 1, 2 and 4 ranks, two ways. Strong scaling keeps
+the global batch fixed (each of N ranks gets 1/N of it): the ideal step time falls
+as 1/N. Weak scaling keeps the per-rank batch fixed (the global batch grows with N):
+the ideal step time stays flat, so throughput grows N-fold. The all-reduce, and on
+a machine with fewer cores than ranks the sharing of cores, keep both from ideal.
+Every step time is the slowest rank's (a step ends when the last rank is done).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from distcourse import runtime
+from distcourse.examples import models
+from distcourse.launch import spawn
+
+MODES = ("strong", "weak")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Model, batches and how many steps to time."""
+
+    width: int = 512
+    depth: int = 4
+    d_in: int = 256
+    global_batch: int = 128  # strong scaling: split over the ranks
+    per_rank: int = 32  # weak scaling: every rank's batch
+    warmup: int = 3
+    steps: int = 15
+    worlds: tuple[int, ...] = (1, 2, 4)
+
+
+QUICK = Config(width=32, depth=2, d_in=16, global_batch=8, per_rank=2, steps=2)
+
+
+def _measure(cfg: Config) -> dict[str, list[float]]:
+    """On every rank: the slowest rank's step times (s) in each mode."""
+    world = runtime.require_initialized().world_size
+    runtime.seed_everything(0, per_rank=False)
+    model = models.wide_mlp(cfg.width, cfg.depth, cfg.d_in)
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    times = {}
+    for mode in MODES:
+        batch = cfg.global_batch // world if mode == "strong" else cfg.per_rank
+        x, y = torch.randn(batch, cfg.d_in), torch.randint(0, 10, (batch,))
+        spent = torch.zeros(cfg.steps, dtype=torch.float64)
+        for i in range(cfg.warmup + cfg.steps):
+            dist.barrier()
+            start = time.perf_counter()
+            optimizer.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
+            if i >= cfg.warmup:
+                spent[i - cfg.warmup] = time.perf_counter() - start
+        dist.all_reduce(spent, op=dist.ReduceOp.MAX)
+        times[mode] = spent.tolist()
+    return times
+
+
+def summarize(times: dict[int, dict[str, list[float]]], cfg: Config) -> list[dict]:
+    """One row per (mode, ranks): batches, step time quartiles (ms), speed-up.
+
+    Speed-up is throughput (samples per second) relative to one rank: strong
+    t1 / tN (the same samples), weak N * t1 / tN (N times the samples).
+    """
+    rows = []
+    for mode in MODES:
+        base = statistics.median(times[1][mode]) if 1 in times else None
+        for world, by_mode in sorted(times.items()):
+            q1, median, q3 = statistics.quantiles(
+                by_mode[mode], n=4, method="inclusive"
+            )
+            per_rank = cfg.global_batch // world if mode == "strong" else cfg.per_rank
+            speedup = None
+            if base is not None:
+                samples = 1 if mode == "strong" else world
+                speedup = samples * base / median
+            rows.append(
+                dict(
+                    mode=mode, ranks=world, per_rank=per_rank,
+                    global_batch=per_rank * world, q1_ms=1000 * q1,
+                    median_ms=1000 * median, q3_ms=1000 * q3, speedup=speedup,
+                )
+            )  # fmt: skip
+    return rows
+
+
+def run(cfg: Config) -> list[dict]:
+    """Measure every world size (one spawn each) and summarize."""
+    times = {w: spawn(_measure, w, cfg, deadline=300)[0] for w in cfg.worlds}
+    return summarize(times, cfg)
+
+
+def format_table(rows: list[dict], speedup: bool = True) -> str:
+    """The rows as aligned text. Every time carries its unit, so the book's nbval
+    rules mask it; `speedup=False` leaves out the one column they would not mask."""
+    lines = ["mode    ranks  batch/rank  global  step: median [quartiles]"]
+    for r in rows:
+        line = (
+            f"{r['mode']:<7} {r['ranks']:>5}  {r['per_rank']:>10}  "
+            f"{r['global_batch']:>6}  {r['median_ms']:.2f} ms "
+            f"[{r['q1_ms']:.2f} ms, {r['q3_ms']:.2f} ms]"
+        )
+        if speedup and r["speedup"] is not None:
+            line += f"  speed-up {r['speedup']:.2f}x"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m distcourse.bench scaling")
+    parser.add_argument("--quick", action="store_true", help="tiny model, few steps")
+    cfg = QUICK if parser.parse_args(argv).quick else Config()
+    print(format_table(run(cfg)))
+    return 0
+
+
+def plot(rows: list[dict]) -> object:
+    """Step time against ranks per mode: medians, quartile bars, the ideal line."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    for ax, mode in zip(axes, MODES, strict=True):
+        mine = [r for r in rows if r["mode"] == mode]
+        ranks = [r["ranks"] for r in mine]
+        median = [r["median_ms"] for r in mine]
+        spread = [
+            [r["median_ms"] - r["q1_ms"] for r in mine],
+            [r["q3_ms"] - r["median_ms"] for r in mine],
+        ]
+        ax.errorbar(ranks, median, yerr=spread, marker="o", capsize=4,
+                    label="measured: median, quartiles")  # fmt: skip
+        ideal = [median[0] / n if mode == "strong" else median[0] for n in ranks]
+        ax.plot(ranks, ideal, "--", color="grey", label="ideal (no communication)")
+        batch = "global" if mode == "strong" else "per-rank"
+        ax.set(xticks=ranks, xlabel="ranks", ylabel="step time (ms)", ylim=(0, None))
+        ax.set_title(f"{mode} scaling: fixed {batch} batch")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    plt.close(fig)  # the caller displays it; pyplot must not show it a second time
+    return fig

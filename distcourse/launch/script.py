@@ -1,0 +1,112 @@
+"""`run_script`: run a program as its reader would (`python file.py`), in a new process.
+
+Programs copied from tutorials start their own ranks (`mp.spawn`, which needs a
+function it can import by name, so not one defined in a notebook). Here they run as a
+subprocess with a deadline, on a free port, with a private temporary directory, and
+optionally with one line of their text swapped (`swap=(old, new)`): the way a reader
+tries our DDP in PyTorch's own example by changing an import.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import distcourse
+from distcourse.rendezvous import LOOPBACK, keep_gloo_on_loopback
+
+TORCH_DDP = "from torch.nn.parallel import DistributedDataParallel as DDP"
+OUR_DDP = "from distcourse.parallel.ddp import DDP"
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def swapped(text: str, swap: tuple[str, str]) -> str:
+    """`text` with the line `swap[0]` replaced by `swap[1]`; ValueError if absent.
+
+    Exactly one line must match, so a swap that silently did nothing (and would
+    compare a program with itself) cannot happen.
+    """
+    old, new = swap
+    lines = text.splitlines(keepends=True)
+    hits = [i for i, line in enumerate(lines) if line.rstrip("\n") == old]
+    if len(hits) != 1:
+        raise ValueError(f"expected exactly one line {old!r}, found {len(hits)}")
+    lines[hits[0]] = new + "\n"
+    return "".join(lines)
+
+
+def excerpt(path: str | Path, *names: str, imports: bool = True) -> str:
+    """The source of `path`'s top-level functions and classes `names`, in file order.
+
+    With `imports`, its import lines come first: what a reader needs to see of a
+    long script, taken from the file itself so the book cannot drift from it.
+    """
+    text = Path(path).read_text()
+    found, parts = set(), []
+    for node in ast.parse(text).body:
+        wanted = imports and isinstance(node, (ast.Import, ast.ImportFrom))
+        name = getattr(node, "name", None)
+        if wanted or name in names:
+            found.add(name)
+            parts.append(ast.get_source_segment(text, node) or "")
+    if missing := set(names) - found:
+        raise ValueError(f"{path} defines no {sorted(missing)}")
+    blocks = "\n".join(p for p in parts if p.startswith(("import", "from")))
+    rest = "\n\n\n".join(p for p in parts if not p.startswith(("import", "from")))
+    return f"{blocks}\n\n\n{rest}" if blocks else rest
+
+
+def run_script(
+    path: str | Path,
+    *args: str,
+    swap: tuple[str, str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120.0,
+) -> str:
+    """Run `python path args...` and return its standard output.
+
+    The child gets one CPU thread per process, a free MASTER_PORT, its own TMPDIR
+    (removed afterwards), gloo on the loopback interface, and this `distcourse` on its
+    path. RuntimeError with the end of stderr if it fails; TimeoutExpired after
+    `timeout` seconds (the child is killed).
+    """
+    path = Path(path)
+    root = str(Path(distcourse.__file__).resolve().parents[1])
+    with tempfile.TemporaryDirectory(prefix="distcourse-script-") as tmp:
+        if swap is not None:
+            program = Path(tmp) / path.name
+            program.write_text(swapped(path.read_text(), swap))
+        else:
+            program = path
+        child_env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "MASTER_PORT": str(free_port()),
+            "TMPDIR": tmp,
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (root, os.environ.get("PYTHONPATH")) if p
+            ),
+            **(env or {}),
+        }
+        gloo_if = keep_gloo_on_loopback()
+        if gloo_if:
+            child_env.setdefault("GLOO_SOCKET_IFNAME", gloo_if)
+        done = subprocess.run(
+            [sys.executable, str(program), *args],
+            capture_output=True, text=True, timeout=timeout, env=child_env,
+        )  # fmt: skip
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.splitlines()[-20:])
+        raise RuntimeError(f"{path.name} exited with {done.returncode}:\n{tail}")
+    return done.stdout

@@ -1,0 +1,56 @@
+"""run_script: a program in its own process, a swapped line, failures that say why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from distcourse.launch.script import excerpt, free_port, run_script, swapped
+
+
+def test_swapped_replaces_exactly_one_whole_line() -> None:
+    assert swapped("a\nb\nc\n", ("b", "x")) == "a\nx\nc\n"
+    with pytest.raises(ValueError, match="found 0"):
+        swapped("a\nbb\n", ("b", "x"))  # a part of a line is not the line
+    with pytest.raises(ValueError, match="found 2"):
+        swapped("b\nb\n", ("b", "x"))
+
+
+def test_run_script_returns_stdout_with_its_environment(tmp_path: Path) -> None:
+    script = tmp_path / "show.py"
+    script.write_text(
+        "import os, tempfile\n"
+        "print(os.environ['OMP_NUM_THREADS'], os.environ['MASTER_PORT'].isdigit())\n"
+        "print(tempfile.gettempdir().startswith(os.environ['TMPDIR']), VALUE)\n"
+    )
+    out = run_script(
+        script,
+        swap=(
+            "print(tempfile.gettempdir().startswith(os.environ['TMPDIR']), VALUE)",
+            "print(tempfile.gettempdir() != '/tmp', 7)",
+        ),
+    )
+    assert out.splitlines() == ["1 True", "True 7"]
+    assert 0 < free_port() < 65536
+
+
+def test_a_failing_script_raises_with_its_error(tmp_path: Path) -> None:
+    script = tmp_path / "fail.py"
+    script.write_text("raise SystemExit('no GPU here')\n")
+    with pytest.raises(RuntimeError, match="fail.py exited with 1:\nno GPU here"):
+        run_script(script)
+
+
+def test_excerpt_takes_imports_and_named_definitions(tmp_path: Path) -> None:
+    source = tmp_path / "prog.py"
+    source.write_text(
+        '"""doc"""\nimport os\n\nX = 1\n\n\ndef f():\n    return X\n\n\n'
+        "class C:\n    pass\n\n\ndef g():\n    pass\n"
+    )
+    assert excerpt(source, "f", "C") == (
+        "import os\n\n\ndef f():\n    return X\n\n\nclass C:\n    pass"
+    )
+    assert excerpt(source, "g", imports=False) == "def g():\n    pass"
+    with pytest.raises(ValueError, match=r"defines no \['h'\]"):
+        excerpt(source, "h")
