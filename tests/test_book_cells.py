@@ -27,9 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
 MAX_CODE, MAX_MARKDOWN = 20, 40
 SHOWN = re.compile(r"<!-- file: (\S+) -->\s*\n(`{3,})python\n(.*?)\n\2", re.DOTALL)
-CONVERTING = pytest.mark.xfail(
-    strict=False, reason="issue 8: until the chapters are converted (notebook edits)"
-)
 
 
 def _cells(path: Path) -> list[dict]:
@@ -69,7 +66,6 @@ def test_scripts_shown_in_a_chapter_equal_their_files(path: Path) -> None:
         )
 
 
-@CONVERTING
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_scripts_are_shown_as_fences_not_literalinclude(path: Path) -> None:
     used = [i for i, c in enumerate(_cells(path)) if "{literalinclude}" in _source(c)]
@@ -87,7 +83,6 @@ def _too_long(path: Path) -> list[str]:
     return found
 
 
-@CONVERTING
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_no_cell_is_longer_than_a_reader_takes_in_at_once(path: Path) -> None:
     long = _too_long(path)
