@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from textwrap import fill
 
 import matplotlib.pyplot as plt
 import torch
@@ -202,8 +203,9 @@ def _blocks(
         color = f"C{rank}" if rank.isdigit() else "0.85"
         ax.add_patch(Rectangle((x, y), w, h, facecolor=color, alpha=0.45,
                                edgecolor="k"))  # fmt: skip
-        ax.text(x + w / 2, y + h / 2, owner.replace(" ", "\n"), ha="center",
-                va="center", fontsize="small")  # fmt: skip
+        label = owner.replace(" ", "\n") if rank.isdigit() else fill(owner, 14)
+        ax.text(x + w / 2, y + h / 2, label, ha="center", va="center",
+                fontsize="small")  # fmt: skip
     ax.set_xlim(0, cols)
     ax.set_ylim(rows, 0)  # row 0 on top, as a matrix is written
     ax.set_aspect("equal")
@@ -229,7 +231,7 @@ def tp_layout(n: int, tokens: int = 4, in_features: int = 8, out_features: int =
         (y, ranks, 1, "Y (tokens, out): columns split"),
         (x, ranks, 1, "X: columns split"),
         (w, ranks, 1, "W: columns split"),
-        (y, ["partial sums on all ranks"], 0, "Y: all_reduce of partials"),
+        (y, ["a partial Y on every rank"], 0, "Y: all_reduce of the partials"),
     ]
     for ax, (shape, owners, split, name) in zip(axes.flat, panels, strict=True):
         _blocks(ax, shape, owners, split, name)
