@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from textwrap import fill
 
 import matplotlib.pyplot as plt
 import torch
@@ -183,3 +184,61 @@ def hidden_sweep(
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
     return _finish(fig, ax, title)
+
+
+# ------------------------------------------------------ tensor-parallel layout ----
+
+
+def _blocks(
+    ax: plt.Axes, shape: tuple[int, int], owners: list[str], split: int, title: str
+) -> None:
+    """A rows x cols matrix cut into len(owners) equal blocks along `split` (0: rows,
+    1: columns), each labelled and coloured by its owner ("rank r", or "all")."""
+    rows, cols = shape
+    n = len(owners)
+    for i, owner in enumerate(owners):
+        x, y, w, h = (0, i * rows / n, cols, rows / n) if split == 0 else (
+            i * cols / n, 0, cols / n, rows)  # fmt: skip
+        rank = owner.split()[-1]
+        color = f"C{rank}" if rank.isdigit() else "0.85"
+        ax.add_patch(Rectangle((x, y), w, h, facecolor=color, alpha=0.45,
+                               edgecolor="k"))  # fmt: skip
+        label = owner.replace(" ", "\n") if rank.isdigit() else fill(owner, 14)
+        ax.text(x + w / 2, y + h / 2, label, ha="center", va="center",
+                fontsize="small")  # fmt: skip
+    ax.set_xlim(0, cols)
+    ax.set_ylim(rows, 0)  # row 0 on top, as a matrix is written
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title, fontsize="medium")
+
+
+def tp_layout(n: int, tokens: int = 4, in_features: int = 8, out_features: int = 8,
+              title: str = "") -> Figure:  # fmt: skip
+    """Who holds what in Y = X W^T on `n` ranks: column-parallel (top row: W's rows,
+    Y's columns split; X on all) and row-parallel (bottom: X's columns and W's
+    columns split; each rank a partial Y, summed by all_reduce). W is drawn in
+    nn.Linear's (out, in) layout; colour Ck is rank k, grey is every rank."""
+    if n < 1:
+        raise ValueError(f"n must be a positive number of ranks, got {n}")
+    ranks = [f"rank {r}" for r in range(n)]
+    x, w, y = (tokens, in_features), (out_features, in_features), (tokens, out_features)
+    fig, axes = plt.subplots(2, 3, figsize=(8, 5))
+    panels = [
+        (x, ["all ranks"], 0, "X (tokens, in): whole"),
+        (w, ranks, 0, "W (out, in): rows split"),
+        (y, ranks, 1, "Y (tokens, out): columns split"),
+        (x, ranks, 1, "X: columns split"),
+        (w, ranks, 1, "W: columns split"),
+        (y, ["a partial Y on every rank"], 0, "Y: all_reduce of the partials"),
+    ]
+    for ax, (shape, owners, split, name) in zip(axes.flat, panels, strict=True):
+        _blocks(ax, shape, owners, split, name)
+    axes[0, 0].set_ylabel("column-parallel")
+    axes[1, 0].set_ylabel("row-parallel")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig

@@ -10,7 +10,12 @@ from torch import Tensor, nn
 
 from distcourse.examples.gpt import MLP
 from distcourse.launch import spawn
-from distcourse.parallel.tensor import ParallelMLP, differences, shard_of
+from distcourse.parallel.tensor import (
+    ParallelMLP,
+    differences,
+    gradient_differences,
+    shard_of,
+)
 
 TOL = 1e-5
 
@@ -75,3 +80,29 @@ def test_shard_of_finds_this_ranks_slice() -> None:
 def test_one_rank_is_the_whole() -> None:
     for diffs in spawn(_three_twins, 1, timeout=20)[0]:  # no f or g is needed
         assert max(diffs.values()) == 0.0  # a group of one moves and sums nothing
+
+
+def _against_torch(scale: float) -> dict[str, float]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    torch.manual_seed(0)
+    mlp, x = MLP(8), torch.randn(2, 3, 8)
+    ours = ParallelMLP.from_module(mlp)
+    plan = {"fc": ColwiseParallel(), "proj": RowwiseParallel()}
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    theirs = parallelize_module(mlp, mesh, plan)
+    ours(x).square().sum().backward()
+    (theirs(x) * scale).square().sum().backward()  # scale != 1: other gradients
+    return gradient_differences(ours, theirs)
+
+
+def test_gradients_equal_torch_parallelize_module_and_a_difference_is_seen() -> None:
+    for same in spawn(_against_torch, 2, 1.0, timeout=30):
+        assert len(same) == 4 and max(same.values()) <= TOL, same
+    for off in spawn(_against_torch, 2, 1.5, timeout=30):
+        assert min(off.values()) > 1000 * TOL, off

@@ -82,3 +82,21 @@ def test_hidden_sweep_draws_median_and_range_in_percent_on_a_log_axis() -> None:
     bars = ax.collections[0].get_segments()  # one vertical bar per cap
     ends = [float(y) for seg in bars for y in seg[:, 1]]
     assert ends == pytest.approx([20, 50, 0, 0])
+
+
+def test_tp_layout_colours_one_block_per_rank_where_a_tensor_is_split() -> None:
+    fig = viz.tp_layout(4, title="4 ranks")
+    assert isinstance(fig, Figure) and len(fig.axes) == 6
+    blocks = [len(ax.patches) for ax in fig.axes]
+    assert blocks == [1, 4, 4, 4, 4, 1]  # X whole; W, Y split; row: X, W split; sum
+    labels = [t.get_text() for t in fig.axes[1].texts]
+    assert labels == [f"rank\n{r}" for r in range(4)]
+    assert fig.axes[0].get_ylabel() == "column-parallel"
+    col_y, row_y = fig.axes[2].patches, fig.axes[4].patches
+    assert col_y[1].get_x() == 2 and col_y[1].get_width() == 2  # columns of Y
+    assert row_y[0].get_height() == 8 and row_y[3].get_x() == 6  # columns of W
+
+
+def test_tp_layout_rejects_no_ranks() -> None:
+    with pytest.raises(ValueError, match="positive number of ranks"):
+        viz.tp_layout(0)

@@ -5,7 +5,8 @@
   gathered);
 - `blocks`: ParallelMLP, ParallelSelfAttention, and the sequence-parallel norm and
   positions;
-- `compare`: differences (outputs and every gradient against one process);
+- `compare`: differences (outputs and every gradient against one process),
+  gradient_differences (against another split, e.g. torch's DTensor one);
 - `model`: parallelize_gpt / parallelize_block (a one-process model's exact twin),
   full state dicts and checkpoints that load on any number of ranks.
 """
@@ -16,7 +17,11 @@ from distcourse.parallel.tensor.blocks import (
     SequenceParallelLayerNorm,
     SequenceParallelPositions,
 )
-from distcourse.parallel.tensor.compare import differences, shard_of
+from distcourse.parallel.tensor.compare import (
+    differences,
+    gradient_differences,
+    shard_of,
+)
 from distcourse.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 from distcourse.parallel.tensor.model import (
     full_state_dict,
@@ -34,7 +39,8 @@ from distcourse.parallel.tensor.vocab import (
 __all__ = [
     "ColumnParallelLinear", "ParallelMLP", "ParallelSelfAttention",
     "RowParallelLinear", "SequenceParallelLayerNorm", "SequenceParallelPositions",
-    "VocabParallelEmbedding", "differences", "full_state_dict", "load_checkpoint",
-    "load_full_state_dict", "parallelize_block", "parallelize_gpt", "save_checkpoint",
-    "shard_of", "vocab_parallel_cross_entropy",
+    "VocabParallelEmbedding", "differences", "full_state_dict",
+    "gradient_differences", "load_checkpoint", "load_full_state_dict",
+    "parallelize_block", "parallelize_gpt", "save_checkpoint", "shard_of",
+    "vocab_parallel_cross_entropy",
 ]  # fmt: skip

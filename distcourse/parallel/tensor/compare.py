@@ -77,3 +77,23 @@ def _max_diff(a: Tensor, b: Tensor) -> float:
     if not a.numel():
         return 0.0
     return ((a - b).abs().max() / b.abs().max().clamp(min=1.0)).item()
+
+
+def gradient_differences(
+    twin: nn.Module, other: nn.Module, group: Group = None
+) -> dict[str, float]:
+    """Max |twin's grad - other's| / max(1, max |other's|) for every parameter of
+    `twin`, where `other` is the same model split another way: e.g. by torch's
+    parallelize_module, whose gradients are DTensors (made whole, then this rank's
+    slice taken as `shard_of` does). A collective when `other` holds DTensors:
+    every rank calls it, with the same models."""
+    theirs = dict(other.named_parameters())
+    found = {}
+    for name, param in twin.named_parameters():
+        grad, ref = param.grad, theirs[name].grad
+        if grad is None or ref is None:
+            raise ValueError(f"{name!r} has no gradient in one of the models")
+        if hasattr(ref, "full_tensor"):  # a DTensor: Shard, Replicate or Partial
+            ref = ref.full_tensor()
+        found[f"{name} grad"] = _max_diff(grad, shard_of(ref, grad, group))
+    return found
