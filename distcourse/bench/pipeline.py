@@ -78,7 +78,7 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.t:
-            return Sleep.apply(x, self.t) * self.scale
+            return Sleep.apply(x * self.scale, self.t)  # a backward even on stage 0
         return F.relu(self.linear(x))
 
 
@@ -127,18 +127,18 @@ def _four_ranks(cfg: Config) -> dict:
                        F.mse_loss, timeout=60)  # fmt: skip
     theirs = TorchPipeline(pp.split_by_count(_model(cfg), 4), "1F1B", cfg.m4,
                            F.mse_loss)  # fmt: skip
-    bubbles = []
+    steps = []
 
-    class Recorder:  # our step, keeping each step's bubble
+    class Recorder:  # our step, keeping each step's events
         def step(self, x: Tensor, y: Tensor) -> None:
             ours.step(x, y)
-            seen: list = [None] * dist.get_world_size()
-            dist.all_gather_object(seen, [(e.name, e.start, e.end)
-                                          for e in ours.events])  # fmt: skip
-            bubbles.append(pp.bubble(seen))
+            steps.append([(e.name, e.start, e.end) for e in ours.events])
 
     times = _timed([Recorder(), theirs], cfg)
     ours.close()
+    seen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, steps)  # after the timing: [rank][step][event]
+    bubbles = [pp.bubble([rank[i] for rank in seen]) for i in range(len(steps))]
     return dict(times=times.tolist(), bubbles=bubbles[cfg.warmup :])
 
 

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from distcourse import runtime, trace
+from distcourse.comm import p2p
 from distcourse.comm.agree import Group, members
 from distcourse.parallel.pipeline import schedules
 from distcourse.parallel.pipeline.links import Links
@@ -88,25 +89,36 @@ class Pipeline:
     def _agree(self, x: Tensor | None, target: Tensor | None) -> tuple:
         """Every rank learns the input's shape and dtype and the target's batch size,
         and all raise the same ValueError if they do not fit the schedule."""
-        mine = (self.rank, None if x is None else (tuple(x.shape), x.dtype),
-                None if target is None else len(target))  # fmt: skip
-        seen: list = [None] * len(self.ranks)
-        dist.all_gather_object(seen, mine, group=self.group)
+        row = [-1] * (3 + p2p.MAX_DIMS)  # dtype, ndim, shape..., target batch
+        if x is not None and (x.dtype not in p2p.DTYPES or x.dim() > p2p.MAX_DIMS):
+            row[0] = -2  # every rank raises below, after the all-gather
+        elif x is not None:
+            row[: 2 + x.dim()] = [p2p.DTYPES.index(x.dtype), x.dim(), *x.shape]
+        if target is not None:
+            row[-1] = len(target)
+        mine = torch.tensor(row, dtype=torch.int64, device=runtime.device())
+        seen = [torch.empty_like(mine) for _ in self.ranks]
+        dist.all_gather(seen, mine, group=self.group)  # one small message per rank
         first, last = self.rank_of(0), self.rank_of(self.schedule.stages - 1)
-        info = {r: (xs, ys) for r, xs, ys in seen}
-        if info[first][0] is None:
+        head, tail = (seen[self.ranks.index(r)].tolist() for r in (first, last))
+        if head[0] == -2:
+            raise ValueError(
+                f"{self.describe(0)}: an input that p2p cannot send "
+                f"(dtypes {p2p.DTYPES}, at most {p2p.MAX_DIMS} dims)"
+            )
+        if head[0] < 0:
             raise ValueError(f"{self.describe(0)} needs the input batch x")
-        if info[last][1] is None:
+        if tail[-1] < 0:
             raise ValueError(f"{self.describe(self.schedule.stages - 1)} needs the "
                              "target batch")  # fmt: skip
-        shape, dtype = info[first][0]
+        shape, dtype = head[2 : 2 + head[1]], p2p.DTYPES[head[0]]
         batch, m = shape[0] if shape else 0, self.schedule.micro_batches
         if batch % m or batch == 0:
             raise ValueError(f"{self.describe(0)}: a batch of {batch} does not split "
                              f"into {m} equal micro-batches")  # fmt: skip
-        if info[last][1] != batch:
+        if tail[-1] != batch:
             where = self.describe(self.schedule.stages - 1)
-            raise ValueError(f"{where}: target batch {info[last][1]} != input "
+            raise ValueError(f"{where}: target batch {tail[-1]} != input "
                              f"batch {batch}")  # fmt: skip
         return (batch // m, *shape[1:]), dtype
 
@@ -125,7 +137,8 @@ class Pipeline:
         shapes, m = self.shapes[key], self.schedule.micro_batches
         xs = None if x is None else x.chunk(m)
         ys = None if target is None else target.chunk(m)
-        self.events, self.meter.reset()
+        self.events = []  # this step's only
+        self.meter.reset()
         held: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # inputs, outputs
         losses: list[Tensor] = []
         for a in self.actions:
