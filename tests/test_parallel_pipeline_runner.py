@@ -3,6 +3,7 @@ activation memory is measured; bad input fails on every rank before any send."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -181,8 +182,9 @@ def test_a_rank_that_leaves_mid_schedule_is_named_and_nothing_hangs() -> None:
     errors = spawn(_leaves, 2, [], timeout=3, deadline=40)
     assert time.monotonic() - start < 40
     assert errors[1] == "stage 1 (rank 1), F of micro-batch 1: gone"
-    assert errors[0].startswith("stage 0 (rank 0), B of micro-batch 1: waiting for a "
-                                 "gradient from rank 1: ")  # fmt: skip
+    # rank 1's gradient of micro-batch 0 may or may not have left before it quit
+    waited = r"stage 0 \(rank 0\), B of micro-batch [01]: waiting for a gradient "
+    assert re.match(waited + "from rank 1: ", errors[0]), errors[0]
 
 
 def _dies() -> None:
