@@ -82,3 +82,18 @@ def test_hidden_sweep_draws_median_and_range_in_percent_on_a_log_axis() -> None:
     bars = ax.collections[0].get_segments()  # one vertical bar per cap
     ends = [float(y) for seg in bars for y in seg[:, 1]]
     assert ends == pytest.approx([20, 50, 0, 0])
+
+
+def test_gantt_draws_a_row_per_rank_and_a_bar_per_action() -> None:
+    events = [
+        [("F 0 0", 0.0, 0.001), ("F 0 1", 0.001, 0.002), ("B 0 0", 0.004, 0.006)],
+        [("F 1 0", 0.001, 0.002), ("B 1 0", 0.002, 0.004)],
+    ]
+    fig = viz.gantt(events, title="1F1B")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
+    bars = ax.patches
+    assert len(bars) == 5
+    assert [round(b.get_width(), 6) for b in bars] == [1.0, 1.0, 2.0, 1.0, 2.0]
+    assert [round(b.get_x(), 6) for b in bars] == [0.0, 1.0, 4.0, 1.0, 2.0]
+    assert [t.get_text() for t in ax.texts] == ["0", "1", "0", "0", "0"]
