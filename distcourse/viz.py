@@ -242,3 +242,30 @@ def tp_layout(n: int, tokens: int = 4, in_features: int = 8, out_features: int =
     fig.tight_layout()
     plt.close(fig)
     return fig
+
+
+def gantt(
+    per_rank: Sequence[Sequence[Event | tuple[str, float, float]]], title: str = ""
+) -> Figure:
+    """A pipeline step: one row per rank, a bar per action, labelled with its
+    micro-batch. Events are named "F stage micro" or "B stage micro" (as
+    `parallel.pipeline` records them); forwards blue, backwards orange, and with
+    several stages per rank, each later stage a lighter shade."""
+    ranks = [as_events(evs) for evs in per_rank]
+    t0 = min((e.start for evs in ranks for e in evs), default=0.0)
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.5 * len(ranks)))
+    for r, evs in enumerate(ranks):
+        for e in evs:
+            kind, stage, micro = e.name.split()
+            shade = 1.0 - 0.45 * (int(stage) // len(ranks) > 0)
+            color = "C0" if kind == "F" else "C1"
+            ax.barh(r, 1e3 * e.seconds, left=1e3 * (e.start - t0), height=0.7,
+                    color=color, alpha=shade, edgecolor="white")  # fmt: skip
+            ax.text(1e3 * (e.start - t0 + e.seconds / 2), r, micro, ha="center",
+                    va="center", fontsize=7, color="white")  # fmt: skip
+    ax.set_yticks(range(len(ranks)))
+    ax.set_yticklabels([f"rank {r}" for r in range(len(ranks))])
+    ax.set_ylim(len(ranks) - 0.5, -0.5)
+    ax.set_xlabel("time since the step started (ms)")
+    ax.grid(True, axis="x", alpha=0.3)
+    return _finish(fig, ax, title)

@@ -100,3 +100,18 @@ def test_tp_layout_colours_one_block_per_rank_where_a_tensor_is_split() -> None:
 def test_tp_layout_rejects_no_ranks() -> None:
     with pytest.raises(ValueError, match="positive number of ranks"):
         viz.tp_layout(0)
+
+
+def test_gantt_draws_a_row_per_rank_and_a_bar_per_action() -> None:
+    events = [
+        [("F 0 0", 0.0, 0.001), ("F 0 1", 0.001, 0.002), ("B 0 0", 0.004, 0.006)],
+        [("F 1 0", 0.001, 0.002), ("B 1 0", 0.002, 0.004)],
+    ]
+    fig = viz.gantt(events, title="1F1B")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
+    bars = ax.patches
+    assert len(bars) == 5
+    assert [round(b.get_width(), 6) for b in bars] == [1.0, 1.0, 2.0, 1.0, 2.0]
+    assert [round(b.get_x(), 6) for b in bars] == [0.0, 1.0, 4.0, 1.0, 2.0]
+    assert [t.get_text() for t in ax.texts] == ["0", "1", "0", "0", "0"]

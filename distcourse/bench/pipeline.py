@@ -1,0 +1,212 @@
+"""`python -m distcourse.bench pipeline [--json] [--quick] [--sleep]`: pipelines, timed.
+
+Three measurements, each a median over steps of the slowest rank's time:
+
+- speedup: on 2 ranks, the same batch through a 2-stage split run naively (one
+  micro-batch: one rank idles while the other works) and pipelined by 1F1B with m
+  micro-batches for each m of a sweep; the best m's speed-up over naive, and its
+  efficiency against the limit 2m / (m + 1) of a 2-stage pipeline with free
+  transfers and no per-micro-batch cost;
+- bubble_error: on 4 ranks, 1F1B's idle share measured from its events, against
+  (p - 1) / (m + p - 1);
+- ratio: on the same 4 ranks and stages, our 1F1B step time over torch's
+  Schedule1F1B, run in alternate rounds so that load drifts hit both alike.
+
+Stages are Linear+ReLU blocks; with --sleep each block instead sleeps (forward t per
+sample, backward 2t), so the numbers measure the schedules and our transfers, not how
+a loaded CPU shares its cores among ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from distcourse.launch import spawn
+from distcourse.parallel import pipeline as pp
+from distcourse.parallel.pipeline.torch_side import TorchPipeline
+
+
+@dataclass(frozen=True)
+class Config:
+    width: int
+    blocks: int  # Linear+ReLU blocks, split evenly over the stages
+    batch: int
+    sweep: tuple[int, ...]  # micro-batch counts for the 2-stage speed-up
+    m4: int  # micro-batches on 4 ranks
+    warmup: int
+    steps: int
+    sleep_per_sample: float = 0.0  # seconds; > 0 replaces compute by sleeping
+
+
+FULL = Config(width=1024, blocks=8, batch=128, sweep=(2, 4, 8, 16), m4=8, warmup=2,
+              steps=10)  # fmt: skip
+QUICK = Config(width=32, blocks=4, batch=8, sweep=(2, 4), m4=4, warmup=1, steps=2)
+
+
+class Sleep(torch.autograd.Function):
+    """Identity that sleeps t per sample forward and 2t per sample backward."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, t: float) -> Tensor:  # noqa: ANN001
+        ctx.t = t * len(x)
+        time.sleep(ctx.t)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # noqa: ANN001
+        time.sleep(2 * ctx.t)
+        return grad, None
+
+
+class Block(nn.Module):
+    """Linear + ReLU, or (sleep_per_sample > 0) a timed sleep with a scale."""
+
+    def __init__(self, width: int, sleep_per_sample: float) -> None:
+        super().__init__()
+        self.t = sleep_per_sample
+        self.linear = nn.Linear(width, width) if not self.t else None
+        self.scale = nn.Parameter(torch.ones(width)) if self.t else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.t:
+            return Sleep.apply(x * self.scale, self.t)  # a backward even on stage 0
+        return F.relu(self.linear(x))
+
+
+def _model(cfg: Config) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[Block(cfg.width, cfg.sleep_per_sample)
+                           for _ in range(cfg.blocks)])  # fmt: skip
+
+
+def _data(cfg: Config) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(cfg.batch, cfg.width, generator=gen)
+    return x, torch.randn(cfg.batch, cfg.width, generator=gen)
+
+
+def _timed(runners: list, cfg: Config) -> torch.Tensor:
+    """[runner, step] seconds of the slowest rank; runners take turns each round."""
+    x, y = _data(cfg)
+    times = torch.zeros(len(runners), cfg.steps, dtype=torch.float64)
+    for i in range(cfg.warmup + cfg.steps):
+        order = range(len(runners)) if i % 2 == 0 else reversed(range(len(runners)))
+        for k in order:
+            dist.barrier()
+            start = time.perf_counter()
+            runners[k].step(x, y)
+            if i >= cfg.warmup:
+                times[k, i - cfg.warmup] = time.perf_counter() - start
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return times
+
+
+def _two_ranks(cfg: Config) -> list[list[float]]:
+    """Step times: naive (m = 1) first, then 1F1B for each m of the sweep."""
+    ms = (1, *cfg.sweep)
+    pipes = [pp.Pipeline(pp.split_by_count(_model(cfg), 2), pp.one_f_one_b(2, m),
+                         F.mse_loss, timeout=60) for m in ms]  # fmt: skip
+    times = _timed(pipes, cfg)
+    for pipe in pipes:
+        pipe.close()
+    return times.tolist()
+
+
+def _four_ranks(cfg: Config) -> dict:
+    """Our 1F1B and torch's in alternate rounds; our events for the bubble."""
+    ours = pp.Pipeline(pp.split_by_count(_model(cfg), 4), pp.one_f_one_b(4, cfg.m4),
+                       F.mse_loss, timeout=60)  # fmt: skip
+    theirs = TorchPipeline(pp.split_by_count(_model(cfg), 4), "1F1B", cfg.m4,
+                           F.mse_loss)  # fmt: skip
+    steps = []
+
+    class Recorder:  # our step, keeping each step's events
+        def step(self, x: Tensor, y: Tensor) -> None:
+            ours.step(x, y)
+            steps.append([(e.name, e.start, e.end) for e in ours.events])
+
+    times = _timed([Recorder(), theirs], cfg)
+    ours.close()
+    seen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, steps)  # after the timing: [rank][step][event]
+    bubbles = [pp.bubble([rank[i] for rank in seen]) for i in range(len(steps))]
+    return dict(times=times.tolist(), bubbles=bubbles[cfg.warmup :])
+
+
+def _median(values: list[float]) -> float:
+    return torch.tensor(values, dtype=torch.float64).median().item()
+
+
+def run(cfg: Config) -> dict:
+    """The report: speed-up, efficiency, bubble error, ratio, and a table."""
+    two = torch.tensor(spawn(_two_ranks, 2, cfg, timeout=60, deadline=600)[0])
+    step = [_median(t.tolist()) for t in two]
+    ms = (1, *cfg.sweep)
+    speedups = [step[0] / s for s in step]
+    best = max(range(1, len(ms)), key=lambda i: speedups[i])
+    m = ms[best]
+    four = spawn(_four_ranks, 4, cfg, timeout=60, deadline=600)[0]
+    t4 = torch.tensor(four["times"])
+    ratio = _median((t4[0] / t4[1]).tolist())
+    measured = _median(four["bubbles"])
+    formula = pp.bubble_formula(4, cfg.m4)
+    table = [dict(m=mm, step_ms=round(1000 * s, 3), speedup=round(sp, 3),
+                  limit=round(2 * mm / (mm + 1), 3))
+             for mm, s, sp in zip(ms, step, speedups, strict=True)]  # fmt: skip
+    return dict(
+        benchmark="pipeline", speedup=round(speedups[best], 3), m=m,
+        efficiency=round(speedups[best] / (2 * m / (m + 1)), 3),
+        bubble_error=round(measured / formula - 1, 3),
+        bubble_measured=round(measured, 4), bubble_formula=round(formula, 4),
+        ratio=round(ratio, 3),
+        ours_ms=round(1000 * _median(t4[0].tolist()), 3),
+        torch_ms=round(1000 * _median(t4[1].tolist()), 3),
+        load=[round(v, 2) for v in os.getloadavg()], cpus=os.cpu_count(),
+        config=asdict(cfg), table=table,
+    )  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    """Parse options, run, print a summary (or one JSON object)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m distcourse.bench pipeline",
+        description="Pipeline speed-up, bubble and step time against torch's.",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="tiny model, few steps")
+    parser.add_argument(
+        "--sleep",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="stages sleep this long per sample instead of computing",
+    )
+    args = parser.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    if args.sleep:
+        cfg = Config(**{**asdict(cfg), "sleep_per_sample": args.sleep,
+                        "sweep": tuple(cfg.sweep)})  # fmt: skip
+    report = run(cfg)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"load {report['load']} on {report['cpus']} CPUs; {cfg}")
+    print(f"{'m':>4} {'step ms':>9} {'speed-up':>9} {'limit':>6}")
+    for row in report["table"]:
+        print(f"{row['m']:>4} {row['step_ms']:>9.2f} {row['speedup']:>9.2f} "
+              f"{row['limit']:>6.2f}")  # fmt: skip
+    print(
+        f"best m={report['m']}: efficiency {report['efficiency']:.2f}; 1F1B on 4 "
+        f"ranks: bubble {report['bubble_measured']:.3f} vs formula "
+        f"{report['bubble_formula']:.3f}; ours/torch {report['ratio']:.2f}"
+    )
+    return 0

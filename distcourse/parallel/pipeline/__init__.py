@@ -1,0 +1,40 @@
+"""Pipeline parallelism: cut a sequential model into stages on neighbouring ranks.
+
+    stages = split_by_count(model, 4)          # same on every rank
+    pipe = Pipeline(stages, one_f_one_b(4, 8), F.mse_loss)
+    loss = pipe.step(x, y)                     # x on stage 0's rank, y on the last's
+
+split: where to cut; schedules: GPipe, 1F1B, interleaved 1F1B as lists of actions;
+runner: executes them with comm.p2p; links: the threads and groups that carry the
+transfers; shapes: each stage's input checked before any send; stats: activation
+memory held and the bubble measured from the events.
+"""
+
+from distcourse.parallel.pipeline.runner import Pipeline
+from distcourse.parallel.pipeline.schedules import (
+    Action,
+    Schedule,
+    bubble_formula,
+    check,
+    gpipe,
+    in_flight,
+    interleaved,
+    one_f_one_b,
+    simulate,
+    transfers,
+)
+from distcourse.parallel.pipeline.split import (
+    balance,
+    layer_times,
+    split_at,
+    split_balanced,
+    split_by_count,
+)
+from distcourse.parallel.pipeline.stats import ActivationMeter, bubble, parse
+
+__all__ = [
+    "Action", "ActivationMeter", "Pipeline", "Schedule", "balance", "bubble",
+    "bubble_formula", "check", "gpipe", "in_flight", "interleaved", "layer_times",
+    "one_f_one_b", "parse", "simulate", "split_at", "split_balanced",
+    "split_by_count", "transfers",
+]  # fmt: skip

@@ -1,0 +1,80 @@
+"""What a schedule cost: activation memory held, and the bubble from measured events.
+
+Memory: while a micro-batch's forward runs, a saved-tensor hook sees every tensor
+autograd keeps for the backward; their bytes (parameters excluded, each tensor once)
+plus the stage output are held until that micro-batch's backward. The peak over the
+step is what a schedule costs in activations: GPipe holds all m micro-batches,
+1F1B at most p on the first rank.
+
+Bubble: of the p ranks' time between the first action's start and the last one's
+end, the share no action was computing. Events are time.perf_counter() spans, one
+clock for all processes of one machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from distcourse import trace
+
+
+class ActivationMeter:
+    """Bytes of activations held for backward, now and at the peak, on one rank."""
+
+    def __init__(self, modules: Iterable[nn.Module]) -> None:
+        self.params = {p.data_ptr() for mod in modules for p in mod.parameters()}
+        self.reset()
+
+    def reset(self) -> None:
+        self.held: dict[object, dict[tuple, int]] = {}
+        self.now = self.peak = self.peak_count = 0
+
+    def _add(self, key: object, t: Tensor) -> None:
+        if t.data_ptr() in self.params or not t.numel():
+            return
+        seen = self.held.setdefault(key, {})
+        ident = (t.data_ptr(), t.numel(), t.dtype)
+        if ident not in seen:
+            seen[ident] = t.numel() * t.element_size()
+            self.now += seen[ident]
+            self.peak = max(self.peak, self.now)
+        self.peak_count = max(self.peak_count, len(self.held))
+
+    @contextmanager
+    def saving(self, key: object) -> Iterator[None]:
+        """Count what autograd saves inside this block as held by `key`."""
+
+        def pack(t: Tensor) -> Tensor:
+            self._add(key, t)
+            return t
+
+        self.held.setdefault(key, {})
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+
+    def hold(self, key: object, t: Tensor) -> None:
+        """Count `t` (a stage output kept for backward) as held by `key`."""
+        self._add(key, t)
+
+    def release(self, key: object) -> None:
+        """The backward of `key` ran: its activations are freed."""
+        self.now -= sum(self.held.pop(key, {}).values())
+
+
+def parse(event: trace.Event) -> tuple[str, int, int]:
+    """(kind, stage, micro-batch) of a pipeline event named like 'F 2 5'."""
+    kind, stage, micro = event.name.split()
+    return kind, int(stage), int(micro)
+
+
+def bubble(per_rank: Sequence[Sequence[trace.Event | tuple]]) -> float:
+    """Idle share of all ranks' time over the step: 1 - busy / (p x span)."""
+    ranks = [trace.as_events(evs) for evs in per_rank]
+    start = min(e.start for evs in ranks for e in evs)
+    end = max(e.end for evs in ranks for e in evs)
+    busy = sum(trace.covered(evs) for evs in ranks)
+    return 1.0 - busy / (len(ranks) * (end - start))

@@ -1,0 +1,52 @@
+"""The pipeline benchmark runs end to end (quick mode) and reports what it promises;
+its timings are not checked here, only that they are there and consistent."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from distcourse.bench import pipeline
+
+
+def test_quick_json_report(capsys: pytest.CaptureFixture[str]) -> None:
+    assert pipeline.main(["--quick", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)  # one JSON object, nothing else
+    assert report["benchmark"] == "pipeline"
+    cfg = pipeline.QUICK
+    assert [row["m"] for row in report["table"]] == [1, *cfg.sweep]
+    assert report["m"] in cfg.sweep
+    best = next(r for r in report["table"] if r["m"] == report["m"])
+    assert (
+        report["speedup"]
+        == best["speedup"]
+        == max(r["speedup"] for r in report["table"][1:])
+    )
+    m = report["m"]
+    assert report["efficiency"] == pytest.approx(
+        report["speedup"] / (2 * m / (m + 1)), abs=2e-3
+    )
+    assert report["bubble_formula"] == round(3 / (cfg.m4 + 3), 4)
+    assert 0 < report["bubble_measured"] < 1
+    assert report["bubble_error"] == pytest.approx(
+        report["bubble_measured"] / report["bubble_formula"] - 1, abs=2e-3
+    )
+    assert report["ratio"] > 0 and report["ours_ms"] > 0 and report["torch_ms"] > 0
+    assert len(report["load"]) == 3
+
+
+def test_sleeping_blocks_take_their_time_forward_and_backward() -> None:
+    import time
+
+    import torch
+
+    block = pipeline.Block(4, sleep_per_sample=0.005)
+    x = torch.ones(2, 4, requires_grad=True)
+    start = time.perf_counter()
+    y = block(x)
+    mid = time.perf_counter()
+    y.sum().backward()
+    end = time.perf_counter()
+    assert mid - start >= 0.01 and end - mid >= 0.02  # 2 samples x 5 ms, then x 2
+    assert torch.equal(x.grad, torch.ones(2, 4))  # the scale starts at one

@@ -1,0 +1,86 @@
+"""Schedules are lists a test can read: each F before its B, every (stage, micro-batch)
+once, 1F1B's in-flight bound, interleaving's order, and the bubble on paper."""
+
+from __future__ import annotations
+
+import pytest
+
+from distcourse.parallel.pipeline import schedules as S
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: S.gpipe(4, 6), lambda: S.one_f_one_b(4, 6),
+             lambda: S.one_f_one_b(4, 2), lambda: S.interleaved(2, 4, 2),
+             lambda: S.interleaved(4, 8, 2), lambda: S.interleaved(4, 4, 3)],
+    ids=["gpipe", "1f1b", "1f1b-m<p", "int-2", "int-4", "int-m=p"],
+)  # fmt: skip
+def test_every_schedule_is_complete_ordered_and_deadlock_free(make) -> None:
+    s = make()
+    S.check(s)  # each F and B once, F before B, transfers in matching order
+    for r, acts in enumerate(s.actions):
+        assert len(acts) == 2 * s.micro_batches * s.per_rank
+        assert {a.stage for a in acts} == set(range(r, s.stages, s.ranks))
+        for a in acts:  # every micro-batch's F comes before its B on each stage
+            assert acts.index(S.Action("F", a.stage, a.micro)) <= acts.index(a)
+    S.simulate(s)  # raises if ranks would wait for each other forever
+
+
+def test_gpipe_holds_m_and_1f1b_at_most_p_micro_batches() -> None:
+    assert S.in_flight(S.gpipe(4, 8)) == [8, 8, 8, 8]
+    assert S.in_flight(S.one_f_one_b(4, 8)) == [4, 3, 2, 1]  # p - r <= p
+    assert S.in_flight(S.one_f_one_b(4, 2)) == [2, 2, 2, 1]  # m < p: like GPipe
+    assert S.one_f_one_b(2, 3).show() == (
+        "rank 0: F0.0 F0.1 B0.0 F0.2 B0.1 B0.2\nrank 1: F1.0 B1.0 F1.1 B1.1 F1.2 B1.2"
+    )
+
+
+def test_interleaved_follows_megatrons_order() -> None:
+    s = S.interleaved(2, 4, 2)  # stages 0, 2 on rank 0; 1, 3 on rank 1
+    assert s.show() == (
+        "rank 0: F0.0 F0.1 F2.0 F2.1 F0.2 B2.0 F0.3 B2.1 F2.2 B0.0 F2.3 B0.1 "
+        "B2.2 B2.3 B0.2 B0.3\n"
+        "rank 1: F1.0 F1.1 F3.0 B3.0 F3.1 B3.1 F1.2 B1.0 F1.3 B1.1 F3.2 B3.2 "
+        "F3.3 B3.3 B1.2 B1.3"
+    )
+    assert [s.rank_of(st) for st in range(4)] == [0, 1, 0, 1]
+
+
+@pytest.mark.parametrize(
+    ("p", "m", "v"), [(2, 4, 1), (4, 8, 1), (4, 3, 1), (2, 4, 2), (4, 8, 2), (4, 12, 3)]
+)
+def test_the_bubble_on_paper_is_the_formula(p: int, m: int, v: int) -> None:
+    # equal stages, instant transfers: (p - 1) / (v m + p - 1) of the ranks' time
+    for s in ([S.gpipe(p, m), S.one_f_one_b(p, m)] if v == 1
+              else [S.interleaved(p, m, v)]):  # fmt: skip
+        runs = S.simulate(s, forward=1.0, backward=2.0)
+        end = max(e for acts in runs for _, _, e in acts)
+        busy = sum(e - b for acts in runs for _, b, e in acts)
+        assert 1 - busy / (p * end) == pytest.approx(S.bubble_formula(p, m, v))
+
+
+def test_bad_sizes_and_schedules_are_refused() -> None:
+    with pytest.raises(ValueError, match="micro_batches=3 is not a multiple of 2"):
+        S.interleaved(2, 3, 2)
+    with pytest.raises(ValueError, match="micro_batches must be a positive integer"):
+        S.gpipe(2, 0)
+    good = S.one_f_one_b(2, 2)
+    swapped = S.Schedule("swapped", 2, 2, 1, (good.actions[0], (
+        S.Action("F", 1, 1), S.Action("F", 1, 0),
+        S.Action("B", 1, 0), S.Action("B", 1, 1))))  # fmt: skip
+    with pytest.raises(ValueError, match=r"transfers \('F', 0, 1\) are sent in the "
+                       r"order \[\(0, 0\), \(0, 1\)\] but received in"):  # fmt: skip
+        S.check(swapped)
+    early = S.Schedule("early", 2, 1, 1, (
+        (S.Action("B", 0, 0), S.Action("F", 0, 0)), good.actions[1][:0] + (
+        S.Action("F", 1, 0), S.Action("B", 1, 0))))  # fmt: skip
+    with pytest.raises(ValueError, match="rank 0 runs B0.0 before its forward"):
+        S.check(early)
+    # complete and ordered, but rank 0 waits for B1.0, which waits for F0.1
+    A = S.Action
+    waits = S.Schedule("waits", 2, 2, 1, (
+        (A("F", 0, 0), A("B", 0, 0), A("F", 0, 1), A("B", 0, 1)),
+        (A("F", 1, 0), A("F", 1, 1), A("B", 1, 0), A("B", 1, 1))))  # fmt: skip
+    S.check(waits)
+    with pytest.raises(ValueError, match=r"deadlock, ranks wait at \{0: 'B0.0', "
+                       r"1: 'F1.1'\}"):  # fmt: skip
+        S.simulate(waits)

@@ -1,0 +1,35 @@
+"""The bubble from events and the activation meter, on hand-made cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from distcourse import trace
+from distcourse.parallel.pipeline import stats
+
+
+def test_bubble_is_the_idle_share_of_all_ranks_time() -> None:
+    # rank 0 busy 0-2, rank 1 busy 1-3: a span of 3 on 2 ranks, 4 busy -> 1/3 idle
+    assert stats.bubble([[("F 0 0", 0, 2)], [("F 1 0", 1, 3)]]) == pytest.approx(1 / 3)
+    # overlapping spans on one rank count once
+    events = [[trace.Event("F 0 0", 0, 2), trace.Event("B 0 0", 1, 2)], [("x", 0, 2)]]
+    assert stats.bubble(events) == pytest.approx(0.0)
+    assert stats.parse(trace.Event("B 3 12", 0.0, 1.0)) == ("B", 3, 12)
+
+
+def test_meter_counts_saved_activations_not_parameters() -> None:
+    layer = nn.Linear(100, 100)
+    meter = stats.ActivationMeter([layer])
+    x = torch.randn(10, 100, requires_grad=True)
+    with meter.saving("a"):
+        y = torch.tanh(layer(x))  # saves x (4000 bytes) and tanh's output (4000)
+    meter.hold("a", y)  # the output is tanh's saved tensor: counted once
+    assert meter.now == meter.peak == 8000 and meter.peak_count == 1
+    with meter.saving("b"):
+        layer(x)  # saves the same x again: b holds it too
+    assert meter.now == 12000
+    meter.release("a")
+    meter.release("b")
+    assert meter.now == 0 and meter.peak == 12000 and meter.peak_count == 2

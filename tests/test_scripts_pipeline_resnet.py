@@ -1,0 +1,38 @@
+"""Chapter 5's ResNet script runs under torchrun (--small) and prints its sweep."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_small_resnet_sweep_runs_on_two_ranks() -> None:
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "book/scripts/pipeline_resnet.py", "--small",
+        ],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "DISTCOURSE_DEVICE": "cpu"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "ResNet small: 3 batches of 24 images 32x32, 10 classes, on cpu"
+    assert lines[1].startswith("one process ") and lines[1].endswith(" s")
+    rows = [line.split() for line in lines[3:-1]]
+    # the naive split (the whole batch, m = 1) first, then the sweep
+    assert [(int(r[0]), int(r[1])) for r in rows] == [
+        (24, 1),
+        (2, 12),
+        (3, 8),
+        (4, 6),
+        (6, 4),
+        (8, 3),
+        (12, 2),
+    ]
+    assert rows[0][3] == "1.00x"
+    assert lines[-1].startswith("best split size ")
