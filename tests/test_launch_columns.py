@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from distcourse.launch.columns import (
     PerRank,
     RankOutput,
     Shared,
     fold,
+    show,
     split_lines,
     to_html,
     to_text,
@@ -105,3 +108,23 @@ def test_when_one_rank_alone_prints_only_its_column_is_drawn() -> None:
     ]
     assert page.count("<td ") == 1 and "SUM 10\nMAX 4" in page
     assert to_text(fold([[], ["got it"]])) == "[rank 1] got it"
+
+
+def test_show_lays_out_texts_or_line_lists_of_each_rank(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    show(["loss 1.5\nsame\n", ["loss 1.2", "same"]])  # outside IPython: text/plain
+    assert capsys.readouterr().out.splitlines() == [
+        "[rank 0] loss 1.5", "[rank 1] loss 1.2", "[all ranks] same"
+    ]  # fmt: skip
+    show([["a\nb", 3], ["a", "b", "3"], []])  # a line with newlines is several
+    assert capsys.readouterr().out.splitlines() == [
+        "[rank 0] a", "[rank 0] b", "[rank 0] 3", "[rank 1] a", "[rank 1] b",
+        "[rank 1] 3",
+    ]  # fmt: skip
+
+
+def test_show_refuses_what_is_not_one_output_per_rank() -> None:
+    for bad in ([], "rank 0 only, as one string"):
+        with pytest.raises(ValueError, match="one text or list of lines per rank"):
+            show(bad)  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from distcourse.launch.script import excerpt, free_port, run_script, swapped
+from distcourse.launch.script import by_rank, excerpt, free_port, run_script, swapped
 
 
 def test_swapped_replaces_exactly_one_whole_line() -> None:
@@ -54,3 +54,49 @@ def test_excerpt_takes_imports_and_named_definitions(tmp_path: Path) -> None:
     assert excerpt(source, "g", imports=False) == "def g():\n    pass"
     with pytest.raises(ValueError, match=r"defines no \['h'\]"):
         excerpt(source, "h")
+
+
+def test_by_rank_sorts_lines_by_the_rank_they_name() -> None:
+    out = "on rank 1.\nrank 0: a\n\nrank 1: b\nrank 0: c\n"
+    assert by_rank(out, 3) == [
+        ["rank 0: a", "rank 0: c"],
+        ["on rank 1.", "rank 1: b"],
+        [],
+    ]
+    assert by_rank("gpu 1 done\n", 2, r"gpu (\d)") == [[], ["gpu 1 done"]]
+    with pytest.raises(ValueError, match="names no rank: 'hello'"):
+        by_rank("rank 0: a\nhello\n", 2)
+    with pytest.raises(ValueError, match="rank 2 of 2"):
+        by_rank("rank 2: a\n", 2)
+    assert by_rank("ranks 0 and 1 agree\n", 2, r"(\d)") == [["ranks 0 and 1 agree"], []]
+
+
+SPEAKERS = """\
+import multiprocessing as mp
+
+
+def speak(rank):
+    for step in range(100):
+        print(f"rank {rank}: step", end="")
+        print(f" {step}")
+
+
+if __name__ == "__main__":
+    procs = [mp.get_context("spawn").Process(target=speak, args=(r,)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+"""
+
+
+def test_lines_of_processes_printing_at_once_arrive_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")  # would cut lines between processes
+    script = tmp_path / "speakers.py"
+    script.write_text(SPEAKERS)
+    out = run_script(script)
+    assert by_rank(out, 2) == [
+        [f"rank {r}: step {s}" for s in range(100)] for r in (0, 1)
+    ]

@@ -11,14 +11,19 @@ turns them into one output with two forms:
   (rank numbers as headers); a line every rank printed identically is one row
   spanning the columns; long lines wrap inside their column, never widen the page.
 
-Pure functions of strings, no ipyparallel: tested without engines.
+Pure functions of strings, no ipyparallel: tested without engines. `show` lays out
+per-rank results that did not come from a `%%ranks` cell (values returned by `spawn`,
+a script's output sorted by `script.by_rank`) the same way.
 """
 
 from __future__ import annotations
 
 import difflib
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from IPython.display import display
 
 # Inline styles: JupyterLab drops <style> elements of untrusted notebooks, not these.
 # Colours are translucent greys so that light and dark themes both read them.
@@ -202,3 +207,22 @@ class RankOutput:
 
     def __repr__(self) -> str:
         return to_text(self.rows, self.failed)
+
+
+def show(per_rank: Sequence[str | Sequence[str]]) -> None:
+    """Display what each rank reported, side by side, as a `%%ranks` cell does.
+
+    `per_rank[r]` is rank r's text (split at newlines; a progress bar keeps its last
+    state) or its list of lines. Lines every rank reported identically fold into one
+    "all ranks" row, so a line that may differ between runs (a timing) must name its
+    rank, or it would fold in one run and not in another. Outside IPython the
+    text/plain form is printed.
+    """
+    if isinstance(per_rank, str) or not per_rank:
+        raise ValueError("show: give one text or list of lines per rank")
+    outputs = [
+        split_lines(out) if isinstance(out, str)
+        else [part for line in out for part in str(line).split("\n")]
+        for out in per_rank
+    ]  # fmt: skip
+    display(RankOutput(outputs))

@@ -4,13 +4,15 @@ Programs copied from tutorials start their own ranks (`mp.spawn`, which needs a
 function it can import by name, so not one defined in a notebook). Here they run as a
 subprocess with a deadline, on a free port, with a private temporary directory, and
 optionally with one line of their text swapped (`swap=(old, new)`): the way a reader
-tries our DDP in PyTorch's own example by changing an import.
+tries our DDP in PyTorch's own example by changing an import. `by_rank` sorts what
+its processes printed into one list of lines per rank, for `columns.show`.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,6 +24,7 @@ from distcourse.rendezvous import LOOPBACK, keep_gloo_on_loopback
 
 TORCH_DDP = "from torch.nn.parallel import DistributedDataParallel as DDP"
 OUR_DDP = "from distcourse.parallel.ddp import DDP"
+RANK = re.compile(r"\brank (\d+)\b")
 
 
 def free_port() -> int:
@@ -78,8 +81,11 @@ def run_script(
 
     The child gets one CPU thread per process, a free MASTER_PORT, its own TMPDIR
     (removed afterwards), gloo on the loopback interface, and this `distcourse` on its
-    path. RuntimeError with the end of stderr if it fails; TimeoutExpired after
-    `timeout` seconds (the child is killed).
+    path. Its stdout is block-buffered even where PYTHONUNBUFFERED is set here:
+    unbuffered, `print` writes its text and its newline apart, and the processes
+    of one program cut each other's lines in two; buffered, each line arrives
+    whole, as it does on a terminal. RuntimeError with the end of stderr if it
+    fails; TimeoutExpired after `timeout` seconds (the child is killed).
     """
     path = Path(path)
     root = str(Path(distcourse.__file__).resolve().parents[1])
@@ -99,6 +105,8 @@ def run_script(
             ),
             **(env or {}),
         }
+        if "PYTHONUNBUFFERED" not in (env or {}):
+            child_env.pop("PYTHONUNBUFFERED", None)
         gloo_if = keep_gloo_on_loopback()
         if gloo_if:
             child_env.setdefault("GLOO_SOCKET_IFNAME", gloo_if)
@@ -110,3 +118,27 @@ def run_script(
         tail = "\n".join(done.stderr.splitlines()[-20:])
         raise RuntimeError(f"{path.name} exited with {done.returncode}:\n{tail}")
     return done.stdout
+
+
+def by_rank(
+    text: str, world_size: int, pattern: str | re.Pattern[str] = RANK
+) -> list[list[str]]:
+    """`text`, a program's output, as one list of lines per rank, for `columns.show`.
+
+    Each line goes to the rank whose number `pattern`'s first group captures
+    ("rank 1" by default); each rank's lines keep the order it printed them in,
+    however the processes' lines interleaved. Blank lines are dropped. ValueError
+    for a line that names no rank, or a rank outside the world.
+    """
+    lines: list[list[str]] = [[] for _ in range(world_size)]
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        found = re.search(pattern, line)
+        if found is None:
+            raise ValueError(f"by_rank: names no rank: {line!r}")
+        rank = int(found.group(1))
+        if not 0 <= rank < world_size:
+            raise ValueError(f"by_rank: rank {rank} of {world_size}: {line!r}")
+        lines[rank].append(line)
+    return lines
