@@ -161,14 +161,6 @@ def check_comm_hook(hook: Any, registered: bool, backward_ran: bool) -> None:
     torch) and for one after the first backward (torch documents this rule; a hook
     arriving mid-training would change how gradients are averaged).
     """
-    if registered:
-        raise RuntimeError(
-            "register_comm_hook or register_builtin_comm_hook can only be called once."
-        )
-    if backward_ran:
-        raise RuntimeError(
-            "DDP: register_comm_hook must be called before the first backward"
-        )
     if not callable(hook):
         raise TypeError("Communication hook must be callable.")
     sig = inspect.signature(hook)
@@ -182,4 +174,12 @@ def check_comm_hook(hook: Any, registered: bool, backward_ran: bool) -> None:
         raise ValueError(
             "Communication hook: return annotation should be "
             "torch.futures.Future[torch.Tensor]."
+        )
+    if registered:
+        raise RuntimeError(
+            "register_comm_hook or register_builtin_comm_hook can only be called once."
+        )
+    if backward_ran:
+        raise RuntimeError(
+            "DDP: register_comm_hook must be called before the first backward"
         )
