@@ -15,14 +15,17 @@ from distcourse import runtime
 from distcourse.examples import models
 from distcourse.launch import spawn
 from distcourse.parallel.buckets import watch_torch_buckets
+from distcourse.parallel.ddp import DDP
 
 
-def _train(watch: bool, width: int) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Three steps of torch's DDP on wide_mlp, with or without the watching hook."""
+def _train(
+    watch: bool, width: int, wrap: type = DistributedDataParallel
+) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Three steps of torch's DDP (or ours) on wide_mlp, with or without the hook."""
     rank = runtime.require_initialized().rank
     runtime.seed_everything(0, per_rank=False)
     model = models.wide_mlp(width=width, depth=6, d_in=64)
-    ddp = DistributedDataParallel(model)
+    ddp = wrap(model)
     steps = watch_torch_buckets(ddp) if watch else []
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     runtime.seed_everything(rank)
@@ -34,8 +37,8 @@ def _train(watch: bool, width: int) -> tuple[list[list[int]], list[torch.Tensor]
     return steps, [p.detach() for p in model.parameters()]
 
 
-def _both(width: int) -> dict[bool, tuple]:
-    return {watch: _train(watch, width) for watch in (True, False)}
+def _both(width: int, wrap: type = DistributedDataParallel) -> dict[bool, tuple]:
+    return {watch: _train(watch, width, wrap) for watch in (True, False)}
 
 
 def test_torch_ddp_rebuilds_its_buckets_after_the_first_step() -> None:
@@ -56,3 +59,14 @@ def test_a_model_under_one_mebibyte_keeps_one_bucket() -> None:
     steps, _ = spawn(_train, 2, True, 64)[0]
     total = 4 * models.count_parameters(models.wide_mlp(64, 6, 64))
     assert steps == [[total]] * 3
+
+
+def test_the_same_hook_watches_our_ddp() -> None:
+    """Ours keeps the buckets it made at construction: one, every step, and the
+    hook (torch's allreduce_hook inside) trains exactly as our default does."""
+    total = 4 * models.count_parameters(models.wide_mlp(256, 6, 64))
+    for runs in spawn(_both, 2, 256, DDP):
+        steps, params = runs[True]
+        assert steps == [[total]] * 3
+        for got, want in zip(params, runs[False][1], strict=True):
+            assert torch.equal(got, want)

@@ -5,14 +5,22 @@ effect (as in torch), or refused with an error that says why."""
 from __future__ import annotations
 
 import inspect
+import typing
+from collections.abc import Callable
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+    allreduce_hook,
+    fp16_compress_hook,
+)
 from torch.nn.parallel import DistributedDataParallel
 
 from distcourse import runtime
+from distcourse.comm import ring_all_reduce
 from distcourse.examples import models
 from distcourse.examples.datasets import synthetic_regression
 from distcourse.launch import spawn
@@ -133,3 +141,173 @@ def test_init_sync_false_and_broadcast_buffers_false_leave_ranks_as_they_are() -
     ranks = spawn(_init_sync_off, 2)
     assert [r[0][1][0].item() for r in ranks] == [0.0, 1.0]
     assert [r[1][0][0].item() for r in ranks] == [0.0, 1.0]
+
+
+# ---------------------------------------------------------------- comm hooks -------
+# register_comm_hook as torch's: the hook gets the bucket's plain sum of gradients
+# (not divided by N), averages and sends it itself, and returns a Future of the new
+# flat tensor. torch's own hooks must give our DDP torch's numbers, bit for bit.
+
+HOOK_STEPS, HOOK_CAP_MB = 3, 600 / 2**20  # two buckets of toy_mlp(10, 32, 5)
+Hook = Callable[[object, dist.GradBucket], torch.futures.Future[torch.Tensor]]
+
+
+def _typed(hook: Hook) -> Hook:
+    """Annotations as classes, not strings: torch (and ours) check them against
+    dist.GradBucket and torch.futures.Future[torch.Tensor]."""
+    hook.__annotations__ = typing.get_type_hints(hook)
+    return hook
+
+
+@_typed
+def _noop(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+@_typed
+def _ring(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's average, sent by our ring all-reduce instead of gloo's."""
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(ring_all_reduce(bucket.buffer().div_(dist.get_world_size())))
+    return future
+
+
+def _hooked(
+    kind: str, hook: Hook | None, steps: int = HOOK_STEPS
+) -> list[torch.Tensor]:
+    """Parameters after `steps` SGD steps (just the gradients if steps == 0)."""
+    rank = runtime.require_initialized().rank
+    torch.manual_seed(0)
+    model = models.toy_mlp(d_in=10, d_hidden=32, d_out=5)
+    wrap = DDP if kind == "ours" else DistributedDataParallel
+    net = wrap(model, bucket_cap_mb=HOOK_CAP_MB)
+    if hook is not None:
+        net.register_comm_hook(None, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = synthetic_regression(8 * max(steps, 1), d_in=10, d_out=5, seed=rank)
+    for xb, yb in zip(x.split(8), y.split(8), strict=True):
+        opt.zero_grad()
+        F.mse_loss(net(xb), yb).backward()
+        if steps == 0:
+            return [p.grad.clone() for p in model.parameters()]
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _hook_runs() -> dict:
+    sizes: list[tuple[int, bool, int, bool]] = []
+
+    @_typed
+    def record(
+        state: object, bucket: dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:
+        grads, params, buffer = bucket.gradients(), bucket.parameters(), bucket.buffer()
+        views = all(g.shape == p.shape for g, p in zip(grads, params, strict=True))
+        inside = all(g.untyped_storage().data_ptr() ==
+                     buffer.untyped_storage().data_ptr() for g in grads)  # fmt: skip
+        sizes.append(
+            (bucket.index(), bucket.is_last(), buffer.numel(), views and inside)
+        )
+        return allreduce_hook(state, bucket)
+
+    runs = {"plain": _hooked("ours", None), "ring": _hooked("ours", _ring)}
+    _hooked("ours", record, steps=1)
+    runs["sizes"] = sizes
+    net = DDP(models.toy_mlp(d_in=10, d_hidden=32, d_out=5), bucket_cap_mb=HOOK_CAP_MB)
+    runs["layout"] = [[b.index, b.buffer.numel()] for b in net.buckets]
+    for kind in ("ours", "torch"):
+        for name, hook in {
+            "allreduce": allreduce_hook,
+            "fp16": fp16_compress_hook,
+        }.items():
+            runs[kind, name] = _hooked(kind, hook)
+        runs[kind, "noop"] = _hooked(kind, _noop, steps=0)
+    runs["average"] = _hooked("ours", None, steps=0)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def hook_runs() -> list[dict]:
+    return spawn(_hook_runs, 2)
+
+
+def test_torchs_hooks_give_torchs_numbers_bit_for_bit(hook_runs: list[dict]) -> None:
+    for runs in hook_runs:
+        for name in ("allreduce", "fp16", "noop"):
+            for ours, theirs in zip(
+                runs["ours", name], runs["torch", name], strict=True
+            ):
+                assert torch.equal(ours, theirs), name
+        for ours, plain in zip(runs["ours", "allreduce"], runs["plain"], strict=True):
+            assert torch.equal(ours, plain)  # allreduce_hook averages once, not twice
+    assert not all(  # fp16 compression did change the numbers (so was used)
+        torch.equal(a, b)
+        for a, b in zip(
+            hook_runs[0]["ours", "fp16"], hook_runs[0]["plain"], strict=True
+        )
+    )
+
+
+def test_noop_hook_sees_the_local_gradients_undivided(hook_runs: list[dict]) -> None:
+    for runs in hook_runs:  # not divided by N (torch's warning), not summed ...
+        for got, average in zip(runs["ours", "noop"], runs["average"], strict=True):
+            assert not torch.equal(got, average)
+    rank0, rank1 = (runs["ours", "noop"] for runs in hook_runs)
+    for a, b, avg in zip(rank0, rank1, hook_runs[0]["average"], strict=True):
+        assert torch.allclose((a + b) / 2, avg, atol=1e-6)  # ... DDP averages these
+
+
+def test_a_hook_sees_each_bucket_once_per_backward(hook_runs: list[dict]) -> None:
+    for runs in hook_runs:
+        sizes = runs["sizes"]
+        # a 600-byte cap, last layer first: Linear(32, 5) = 165 floats, Linear(10, 32)
+        assert (
+            [[i, n] for i, _, n, _ in sizes] == runs["layout"] == [[0, 165], [1, 352]]
+        )
+        assert [last for _, last, _, _ in sizes] == [False, True]
+        assert all(views for *_, views in sizes)  # gradients() views of buffer()
+
+
+def test_a_hook_through_our_ring_all_reduce_gives_ddps_numbers(
+    hook_runs: list[dict],
+) -> None:
+    for runs in hook_runs:
+        for ring, plain in zip(runs["ring"], runs["plain"], strict=True):
+            assert torch.allclose(ring, plain, atol=1e-6)
+
+
+def _registration_errors() -> list[str]:
+    errors = []
+    for attempt in ("twice", "after backward", "annotation", "not callable"):
+        net = DDP(models.toy_mlp())
+        try:
+            if attempt == "twice":
+                net.register_comm_hook(None, allreduce_hook)
+                net.register_comm_hook(None, allreduce_hook)
+            elif attempt == "after backward":
+                net(torch.ones(2, 10)).sum().backward()
+                net.register_comm_hook(None, allreduce_hook)
+            elif attempt == "annotation":
+                net.register_comm_hook(None, _wrong_annotation)
+            else:
+                net.register_comm_hook(None, "allreduce")
+        except (RuntimeError, ValueError, TypeError) as error:
+            errors.append(f"{type(error).__name__}: {error}")
+    return errors
+
+
+def _wrong_annotation(state: object, bucket: torch.Tensor) -> None:
+    return None
+
+
+def test_registration_errors_are_torchs() -> None:
+    assert spawn(_registration_errors, 1)[0] == [
+        "RuntimeError: register_comm_hook or register_builtin_comm_hook can only "
+        "be called once.",
+        "RuntimeError: DDP: register_comm_hook must be called before the first "
+        "backward",
+        "ValueError: Communication hook: bucket annotation should be dist.GradBucket.",
+        "TypeError: Communication hook must be callable.",
+    ]

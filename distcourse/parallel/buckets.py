@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 import time
 import typing
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -63,10 +65,12 @@ class Bucket:
 
     Parameter `slot` of the bucket owns `buffer[offsets[slot]:offsets[slot + 1]]`.
     `ready[slot]` turns True when its gradient has been copied in during backward.
+    Bucket `index` of `count` (all ranks launch them in index order).
     """
 
-    def __init__(self, index: int, params: list[nn.Parameter]) -> None:
+    def __init__(self, index: int, params: list[nn.Parameter], count: int = 1) -> None:
         self.index = index
+        self.count = count
         self.params = params
         self.offsets = [0, *itertools.accumulate(p.numel() for p in params)]
         dtype, device = params[0].dtype, params[0].device
@@ -92,11 +96,41 @@ class Bucket:
         self.ready = [False] * len(self.params)
         self.done = None
 
-    def launch(self, group: Group) -> None:
-        """Start summing the buffer over the ranks; return at once (async_op=True)."""
+    def launch(self, group: Group, hook: CommHook | None = None) -> None:
+        """Start summing the buffer over the ranks; return at once (async_op=True).
+
+        With a comm hook `(state, fn)`, `fn(state, GradBucket view of this bucket)`
+        sends the buffer instead; the tensor its future holds is copied back into
+        the buffer when it completes (as torch's reducer does).
+        """
         self.launched_at = time.perf_counter()
-        work = dist.all_reduce(self.buffer, group=group, async_op=True)
-        self.done = work.get_future().then(_stamp)
+        if hook is None:
+            work = dist.all_reduce(self.buffer, group=group, async_op=True)
+            self.done = work.get_future().then(_stamp)
+            return
+        state, fn = hook
+        future = fn(state, GradBucket(self, is_last=self.index == self.count - 1))
+        if not callable(getattr(future, "then", None)):  # torch.futures.Future, C++'s
+            raise TypeError(
+                f"comm hook must return a torch.futures.Future, got {future!r}"
+            )
+        self.done = future.then(self._write_back)
+
+    def _write_back(self, future: torch.futures.Future) -> float:
+        """The hook's result into the buffer (unless it is the buffer); the time."""
+        value = future.value()
+        result = value[0] if isinstance(value, (list, tuple)) else value
+        if (
+            not isinstance(result, torch.Tensor)
+            or result.numel() != self.buffer.numel()
+        ):
+            raise ValueError(
+                f"comm hook of bucket {self.index}: the future must hold one tensor of "
+                f"{self.buffer.numel()} elements, got {result!r:.80}"
+            )
+        if result.data_ptr() != self.buffer.data_ptr():
+            self.buffer.copy_(result.view_as(self.buffer))
+        return time.perf_counter()
 
     def wait(self) -> float:
         """Block until the all-reduce has completed; return when it completed."""
@@ -104,7 +138,41 @@ class Bucket:
         return self.done.wait()
 
 
-def watch_torch_buckets(ddp: DistributedDataParallel) -> list[list[int]]:
+CommHook = tuple[Any, Callable[[Any, Any], torch.futures.Future]]  # (state, hook)
+
+
+class GradBucket:
+    """What a comm hook sees of our Bucket: the methods of torch's dist.GradBucket.
+
+    `buffer()` is the flat gradient buffer itself (not divided by the world size, as
+    in torch: the hook averages), `gradients()` views of it shaped like
+    `parameters()`; `set_buffer(t)` copies `t` into it.
+    """
+
+    def __init__(self, bucket: Bucket, is_last: bool) -> None:
+        self.bucket = bucket
+        self.last = is_last
+
+    def index(self) -> int:
+        return self.bucket.index
+
+    def buffer(self) -> torch.Tensor:
+        return self.bucket.buffer
+
+    def set_buffer(self, tensor: torch.Tensor) -> None:
+        self.bucket.buffer.copy_(tensor.view_as(self.bucket.buffer))
+
+    def parameters(self) -> list[nn.Parameter]:
+        return list(self.bucket.params)
+
+    def gradients(self) -> list[torch.Tensor]:
+        return [self.bucket.view(slot) for slot in range(len(self.bucket.params))]
+
+    def is_last(self) -> bool:
+        return self.last
+
+
+def watch_torch_buckets(ddp: DistributedDataParallel | Any) -> list[list[int]]:
     """Record the size of every bucket torch's DDP all-reduces, step by step.
 
     torch's reducer packs and sends its buckets from C++, unseen by Python, and
@@ -112,7 +180,8 @@ def watch_torch_buckets(ddp: DistributedDataParallel) -> list[list[int]]:
     one capped at 1 MiB). Its comm hook is the one place where Python sees each
     bucket: this registers one that appends the bucket's bytes to the returned list,
     a new inner list per backward (bucket 0 launches first), then all-reduces the
-    average exactly as DDP's default does. Call it before the first backward.
+    average exactly as DDP's default does. Call it before the first backward. Our
+    `DDP` takes the same hook, so it works on either DDP.
     """
     steps: list[list[int]] = []
 

@@ -17,10 +17,12 @@ this module decides what each means here. Every argument is one of three kinds:
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from distcourse.comm.agree import Group
@@ -47,9 +49,11 @@ class DDPOptions:
     device: torch.device | None  # forward moves inputs here (device_ids[0])
     output_device: torch.device | None  # kept, as torch keeps it; no effect
     dim: int  # kept, as torch keeps it; no effect with one device per process
-    bucket_cap_mb: float
+    bucket_cap_mb: float  # bucket size in MiB (default 25)
+    # a parameter without a gradient is sent as zeros (grad stays None if no rank
+    # had one); without it, such a parameter is a RuntimeError naming it
     find_unused_parameters: bool
-    gradient_as_bucket_view: bool
+    gradient_as_bucket_view: bool  # .grad is a view into its bucket: one copy less
     init_sync: bool  # check shapes and copy rank 0's parameters at construction
     init_sync_buffers: bool  # ... and rank 0's buffers
     forward_sync_buffers: bool  # copy rank 0's buffers before every forward
@@ -146,3 +150,36 @@ def to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, dict):
         return {k: to_device(v, device) for k, v in value.items()}
     return value
+
+
+def check_comm_hook(hook: Any, registered: bool, backward_ran: bool) -> None:
+    """torch's checks on a comm hook: callable, and annotated (if at all) as torch's.
+
+    A hook is `hook(state, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]`;
+    a wrong annotation is a ValueError, as in torch, so a hook written for torch's DDP
+    and one written for ours are the same hook. RuntimeError for a second hook (as
+    torch) and for one after the first backward (torch documents this rule; a hook
+    arriving mid-training would change how gradients are averaged).
+    """
+    if not callable(hook):
+        raise TypeError("Communication hook must be callable.")
+    sig = inspect.signature(hook)
+    bucket = sig.parameters["bucket"].annotation if "bucket" in sig.parameters else None
+    if bucket not in (None, inspect.Parameter.empty, dist.GradBucket):
+        raise ValueError(
+            "Communication hook: bucket annotation should be dist.GradBucket."
+        )
+    returns = sig.return_annotation
+    if returns not in (inspect.Signature.empty, torch.futures.Future[torch.Tensor]):
+        raise ValueError(
+            "Communication hook: return annotation should be "
+            "torch.futures.Future[torch.Tensor]."
+        )
+    if registered:
+        raise RuntimeError(
+            "register_comm_hook or register_builtin_comm_hook can only be called once."
+        )
+    if backward_ran:
+        raise RuntimeError(
+            "DDP: register_comm_hook must be called before the first backward"
+        )

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, Subset
 from distcourse import runtime
 from distcourse.comm.agree import Group
 from distcourse.parallel import compat
-from distcourse.parallel.buckets import Bucket, assign_buckets
+from distcourse.parallel.buckets import Bucket, CommHook, assign_buckets
 from distcourse.parallel.replicas import (
     check_same_shapes,
     check_same_values,
@@ -56,12 +56,11 @@ def partition(
 ) -> Subset:
     """This rank's share of `dataset`: every world_size-th sample, starting at `rank`.
 
-    Strided shares mean N ranks with batch b see, step by step, the same samples as
-    one process with batch N*b. The last len % world_size samples are dropped so every
-    rank gets as many samples, hence as many steps: a rank that ran out early would
-    leave the others waiting in all-reduce. With `shuffle_seed` (the same on all ranks;
-    change it every epoch) the order is shuffled first; the shares stay disjoint.
-    Rank and world size default to this process's group.
+    Strided shares: N ranks with batch b see, step by step, the samples of one
+    process with batch N*b. The last len % world_size are dropped so all ranks take
+    as many steps (one that ran out early would leave the others waiting in
+    all-reduce). `shuffle_seed` (the same on all ranks; change it every epoch)
+    shuffles first; shares stay disjoint. Rank and world size default to this group's.
     """
     if rank is None or world_size is None:
         info = runtime.require_initialized()
@@ -83,25 +82,19 @@ def partition(
 class DDP(nn.Module):
     """Distributed data parallel, from scratch: equal replicas, averaged gradients.
 
-    At construction every rank checks that all ranks wrap the same parameter shapes,
-    then copies rank 0's parameters and buffers. In backward, a hook on each parameter
-    copies its gradient into a bucket; a full bucket is all-reduced at once
-    (async_op=True) while backward computes the earlier layers. At the end of backward
-    a callback waits for the buckets and writes the averages into .grad, so a plain
-    `optimizer.step()` follows.
+    Construction checks that all ranks wrap the same parameter shapes, then copies
+    rank 0's parameters and buffers. In backward, a hook on each parameter copies its
+    gradient into a bucket; a full bucket is all-reduced at once (async_op=True) while
+    backward computes the earlier layers; a callback at the end of backward waits for
+    the buckets and writes the averages into .grad, so `optimizer.step()` follows.
 
     Takes torch's DistributedDataParallel arguments, in torch's order and with their
-    meaning (`parallel.compat` says which are implemented, accepted or refused), so
-    a torch program runs with this DDP by changing its import. `bucket_cap_mb`:
-    bucket size in MiB (default 25). `find_unused_parameters`: a parameter without a
-    gradient in a backward is sent as zeros (and keeps grad None if no rank had one);
-    without it, such a parameter raises a RuntimeError naming it.
-    `gradient_as_bucket_view`: each .grad becomes a view into its bucket, saving one
-    copy of the gradients. Ours alone: `check_equal` raises ValueError if the ranks'
-    initial values differ; `group` is another name for `process_group`.
-    `timeline` holds the last step's Events: forward, backward (until the last
-    gradient arrived), one per bucket all-reduce (launch to completion), and the wait
-    after the last gradient (launching the last buckets, waiting for all of them).
+    meaning (`parallel.compat` says which are implemented, accepted or refused), so a
+    torch program runs with this DDP by changing its import. Ours alone:
+    `check_equal` raises ValueError if the ranks' initial values differ; `group` is
+    another name for `process_group`. `timeline` holds the last step's Events:
+    forward, backward (until the last gradient arrived), one per bucket all-reduce
+    (launch to completion), and the wait after the last gradient.
     """
 
     def __init__(  # torch's signature, argument for argument
@@ -136,6 +129,7 @@ class DDP(nn.Module):
         runtime.require_initialized()
         self.module = module
         self.group = group = self.options.group
+        self.process_group = dist.group.WORLD if group is None else group  # as torch's
         self.device_ids = None if self.options.device is None else [self.options.device]
         self.world_size = dist.get_world_size(group)
         self.find_unused_parameters = self.options.find_unused_parameters
@@ -151,18 +145,20 @@ class DDP(nn.Module):
         self.names = {id(p): n for n, p in named}
         params = [p for _, p in named]
         groups = assign_buckets(params, int(self.options.bucket_cap_mb * 2**20))
-        self.buckets = [Bucket(i, [params[j] for j in g]) for i, g in enumerate(groups)]
+        self.buckets = [
+            Bucket(i, [params[j] for j in g], len(groups)) for i, g in enumerate(groups)
+        ]
         for bucket in self.buckets:
             for slot, param in enumerate(bucket.params):
                 param.register_post_accumulate_grad_hook(self._hook(bucket, slot))
         self.timeline: list[Event] = []
         self._sync = True  # False inside no_sync()
+        self._comm_hook: CommHook | None = None  # (state, hook) once registered
+        self._backward_ran = False
         self._in_backward = False
         self._next_bucket = 0  # buckets launch in index order, the same on every rank
         self._backward_start: float | None = None
         self._last_grad = 0.0  # when the last gradient of this backward arrived
-
-    # ------------------------------------------------------------- forward ---------
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -184,18 +180,31 @@ class DDP(nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Backward passes in here accumulate gradients locally, without communication.
-
-        The next backward outside all-reduces the accumulated sums: k micro-batches
-        then cost one round of communication instead of k.
-        """
+        """Backward in here only accumulates gradients locally; the next backward
+        outside all-reduces the sums: one round of communication for k micro-batches."""
         previous, self._sync = self._sync, False
         try:
             yield
         finally:
             self._sync = previous
 
-    # ------------------------------------------------------------ backward ---------
+    def register_comm_hook(self, state: object, hook: Any) -> None:
+        """Send each bucket with `hook(state, bucket)` instead of the all-reduce.
+
+        torch's contract: `bucket` has GradBucket's methods; its buffer is NOT
+        divided by the world size (the hook averages, as `allreduce_hook` does); the
+        hook returns a Future holding the bucket's new flat tensor, which goes into
+        .grad. Once only, before the first backward: else RuntimeError.
+        """
+        compat.check_comm_hook(hook, self._comm_hook is not None, self._backward_ran)
+        self._comm_hook = (state, hook)
+
+    def _copy_in(self, grad: torch.Tensor, out: torch.Tensor) -> None:
+        # Divide as we copy (one pass), as torch's DDP; a comm hook averages itself.
+        if self._comm_hook is None:
+            torch.div(grad, self.world_size, out=out)
+        else:
+            out.copy_(grad)
 
     def _hook(self, bucket: Bucket, slot: int) -> Any:
         def on_grad_ready(param: torch.Tensor) -> None:
@@ -204,9 +213,7 @@ class DDP(nn.Module):
             if not self._in_backward:
                 self._start_backward()
             self._last_grad = time.perf_counter()  # backward computed up to here
-            # Divide as we copy (one pass over memory); the all-reduce then sums
-            # averages, like torch's DDP.
-            torch.div(param.grad, self.world_size, out=bucket.view(slot))
+            self._copy_in(param.grad, bucket.view(slot))
             if self.gradient_as_bucket_view:
                 param.grad = bucket.view(slot)  # the gradient now lives in the bucket
             bucket.ready[slot] = True
@@ -216,7 +223,7 @@ class DDP(nn.Module):
 
     def _start_backward(self) -> None:
         """First gradient of a backward: reset buckets, queue finish() for its end."""
-        self._in_backward = True
+        self._in_backward = self._backward_ran = True
         self._next_bucket = 0
         for bucket in self.buckets:
             bucket.reset()
@@ -231,15 +238,14 @@ class DDP(nn.Module):
             self._next_bucket < len(self.buckets)
             and self.buckets[self._next_bucket].is_full()
         ):
-            self.buckets[self._next_bucket].launch(self.group)
+            self.buckets[self._next_bucket].launch(self.group, self._comm_hook)
             self._next_bucket += 1
 
     def finish(self) -> None:
         """Wait for every bucket's all-reduce and write the averages into .grad.
 
-        Runs by itself at the end of each synchronised backward (the first gradient
-        hook queues it on autograd's engine); calling it again does nothing.
-        """
+        Runs by itself at the end of each synchronised backward (queued on autograd's
+        engine by the first gradient hook); calling it again does nothing."""
         if not self._in_backward:
             return
         self._in_backward = False
@@ -256,8 +262,7 @@ class DDP(nn.Module):
                         param.grad.copy_(view)
                 elif used_anywhere is None or used_anywhere[id(param)]:
                     param.grad = view if self.gradient_as_bucket_view else view.clone()
-        # Backward computes until its last gradient arrives; what follows is sending
-        # the last buckets and waiting for them.
+        # backward lasts until its last gradient; then the wait for the last buckets
         end = self._last_grad
         start = self._backward_start or end
         self.timeline.append(Event("backward", start, end))
@@ -270,14 +275,9 @@ class DDP(nn.Module):
         Without find_unused_parameters: RuntimeError naming them (all ranks agree,
         since they run the same model). With it: they contribute the gradient they
         have (accumulated under no_sync) or zeros; returns, per parameter, whether any
-        rank had a gradient, so that parameters unused everywhere keep grad None.
-        """
-        missing = [
-            (bucket, slot)
-            for bucket in self.buckets
-            for slot, ready in enumerate(bucket.ready)
-            if not ready
-        ]
+        rank had a gradient, so that parameters unused everywhere keep grad None."""
+        buckets = self.buckets
+        missing = [(b, s) for b in buckets for s, ok in enumerate(b.ready) if not ok]
         if not self.find_unused_parameters:
             if missing:
                 names = ", ".join(self.names[id(b.params[s])] for b, s in missing)
@@ -291,7 +291,7 @@ class DDP(nn.Module):
             if grad is None:
                 bucket.view(slot).zero_()
             else:
-                torch.div(grad, self.world_size, out=bucket.view(slot))
+                self._copy_in(grad, bucket.view(slot))
             bucket.ready[slot] = True
         self._launch_full_buckets()  # first: every rank must launch them before ...
         params = [p for b in self.buckets for p in b.params]
