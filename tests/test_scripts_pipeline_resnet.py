@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,11 +29,26 @@ def test_small_resnet_sweep_runs_on_two_ranks() -> None:
     assert [(int(r[0]), int(r[1])) for r in rows] == [
         (24, 1),
         (2, 12),
-        (3, 8),
         (4, 6),
         (6, 4),
-        (8, 3),
         (12, 2),
     ]
     assert rows[0][3] == "1.00x"
     assert lines[-1].startswith("best split size ")
+
+
+def test_small_resnet_sweep_as_json_for_the_notebook() -> None:
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "book/scripts/pipeline_resnet.py", "--small", "--json",
+        ],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "DISTCOURSE_DEVICE": "cpu"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert (report["batch"], report["image"], report["batches"]) == (24, 32, 3)
+    assert [row[:2] for row in report["rows"]] == [[24, 1], [2, 12], [4, 6], [6, 4],
+                                                   [12, 2]]  # fmt: skip
+    assert report["one"] > 0 and all(row[2] > 0 for row in report["rows"])
