@@ -105,7 +105,12 @@ def pointwise(kinds: list[SBP | None], call: Call, kind: str | None = None,
     kind = KIND.get(call.func, kind) if kind is None else kind
     shapes = [call.shape(i) for i in range(len(kinds))]
     out = shapes[0] if inplace else out_shape(shapes)
-    plain = any(k is None for k in kinds)  # a 0-d plain tensor: a scalar
+    plain = (
+        any(k is None for k in kinds)
+        or any(  # a plain scalar operand
+            isinstance(a, int | float) for a in call.args[:2]
+        )
+    )
     target: SBP = B
     for k, shape in zip(kinds, shapes, strict=True):
         if inplace and k is not None:  # the output is the first operand
