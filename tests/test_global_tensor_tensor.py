@@ -44,7 +44,8 @@ def _train(model: nn.Module, data: list, opt: str = "sgd") -> list[float]:
 
 
 def _close(a: list[float], b: list[float]) -> bool:
-    return len(a) == len(b) and all(abs(x - y) <= 1e-5 for x, y in zip(a, b))
+    pairs = zip(a, b, strict=True)
+    return len(a) == len(b) and all(abs(x - y) <= 1e-5 for x, y in pairs)
 
 
 def _data(n: int, make: object) -> list:
@@ -137,8 +138,8 @@ def _dtensor() -> dict[str, bool | float]:
         "B x S1": (gt.sbp.broadcast, gt.sbp.split(1), Replicate(), Shard(1)),
         "S1 x S0": (gt.sbp.split(1), gt.sbp.split(0), Shard(1), Shard(0)),
     }.items():
-        ours = torch.mm(gt.to_global(a, p, gt.sbp.broadcast).to_global(sbp=sa),
-                        gt.to_global(b, p, gt.sbp.broadcast).to_global(sbp=sb))  # fmt: skip
+        whole = [gt.to_global(t, p, gt.sbp.broadcast) for t in (a, b)]
+        ours = torch.mm(whole[0].to_global(sbp=sa), whole[1].to_global(sbp=sb))
         theirs = torch.mm(distribute_tensor(a, mesh, [da]),
                           distribute_tensor(b, mesh, [db]))  # fmt: skip
         same_local = torch.allclose(ours.local_tensor, theirs.to_local(), atol=1e-6)
