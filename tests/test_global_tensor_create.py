@@ -68,15 +68,17 @@ def _errors() -> list[str]:
     y = gt.randn(4, 4, placement=q, sbp=(gt.sbp.split(0), gt.sbp.broadcast))
     cases = {
         "different placements": lambda: x + y,
-        "split dim out of range": lambda: gt.randn(4, 4, placement=p,
-                                                   sbp=gt.sbp.split(2)),  # fmt: skip
+        "split dim out of range": lambda: gt.randn(
+            4, 4, placement=p, sbp=gt.sbp.split(2)
+        ),  # fmt: skip
         "rank not in the world": lambda: gt.placement("cpu", ranks=[0, 5]),
         "ranks not increasing": lambda: gt.placement("cpu", ranks=[1, 0]),
         "unknown sbp": lambda: x.to_global(sbp="S(0)"),
         "2-D signature on 1-D": lambda: x.to_global(sbp=(gt.sbp.broadcast,) * 2),
         "plain non-scalar tensor": lambda: x + torch.ones(4, 4),
         "pieces not tensor_split": lambda: gt.to_global(
-            torch.ones(3 if me == 0 else 1, 4), p, gt.sbp.split(0)),  # fmt: skip
+            torch.ones(3 if me == 0 else 1, 4), p, gt.sbp.split(0)
+        ),  # fmt: skip
         "random op without a rule": lambda: torch.nn.functional.dropout(x),
     }
     got = []
