@@ -17,8 +17,8 @@ from torch import Tensor
 
 import distcourse.global_tensor as gt
 from distcourse.comm.ledger import Ledger
-from distcourse.global_tensor.boxing import plan, transfer_bytes
-from distcourse.global_tensor.sbp import local_piece
+from distcourse.global_tensor.boxing import plan, steps, transfer_bytes
+from distcourse.global_tensor.sbp import local_piece, local_shape
 from distcourse.launch import spawn
 
 SHAPE = (5, 3)
@@ -46,6 +46,16 @@ def _global(p: gt.Placement, sig: tuple) -> tuple[gt.GlobalTensor, Tensor]:
     return gt.to_global(mine, p, sig), whole
 
 
+def _formula(p: gt.Placement, src: tuple, dst: tuple) -> int:
+    """Bytes rank 0 sends: per step, the formula for the tensor its group holds."""
+    total = 0
+    for k, before, after in steps(src, dst):
+        held = before[:k] + (gt.sbp.broadcast,) + before[k + 1 :]
+        shape = local_shape(SHAPE, held, p.hierarchy, p.coord)
+        total += transfer_bytes(before[k], after[k], shape, p.hierarchy[k], 8)
+    return total
+
+
 def _all_pairs(ranks: list) -> list[str]:
     p = gt.placement("cpu", ranks=ranks)
     sigs = list(itertools.product(KINDS, repeat=p.ndim))
@@ -63,9 +73,8 @@ def _all_pairs(ranks: list) -> list[str]:
             want = local_piece(whole, dst, p.hierarchy, p.coord)
             if not torch.equal(y.local_tensor, want):
                 bad.append(f"{src} -> {dst}: piece")
-        if p.ndim == 1 and p.coord[0] == 0:
-            n = p.hierarchy[0]
-            want = transfer_bytes(src[0], dst[0], SHAPE, n, 8)
+        if dist.get_rank() == 0:
+            want = _formula(p, src, dst)
             if ledger.bytes_sent() != want:
                 bad.append(f"{src} -> {dst}: {ledger.bytes_sent()} bytes, want {want}")
     return bad

@@ -46,6 +46,19 @@ CASES: dict[str, tuple[Callable, list, list, object]] = {
     "linear, data parallel": (_lin, [(5, 4), (3, 4), (3,)], [S0, B, B], S0),
     "linear, column parallel": (_lin, [(5, 4), (3, 4), (3,)], [B, S0, S0], S1),
     "linear, row parallel": (_lin, [(5, 4), (3, 4), (3,)], [S1, S1, B], P),
+    "linear 3-D, batch S0": (_lin, [(4, 3, 5), (2, 5), (2,)], [S0, B, B], S0),
+    "linear 3-D, uneven batch (boxes)": (
+        _lin,
+        [(3, 4, 5), (2, 5), (2,)],
+        [S0, B, B],
+        B,
+    ),  # fmt: skip
+    "linear 3-D, sequence S1 (boxes)": (
+        _lin,
+        [(4, 3, 5), (2, 5), (2,)],
+        [S1, B, B],
+        B,
+    ),  # fmt: skip
     "add S0 S0": (torch.add, [(5, 3), (5, 3)], [S0, S0], S0),
     "add S1 + row B": (torch.add, [(5, 3), (3,)], [S1, B], S1),
     "add S0 + row B": (torch.add, [(5, 3), (3,)], [S0, B], S0),

@@ -114,24 +114,35 @@ def box(
     `shape` is the logical shape. Every rank of the placement must call it with the
     same arguments (they are metadata that every rank holds alike).
     """
-    dims, direct = plan(src, dst)
-    now = list(src)
-    steps = [(k, dst[k]) for k in reversed(dims)]
-    if not direct:  # to B innermost first, then to dst outermost first
-        steps = [(k, B) for k in reversed(dims)] + [(k, dst[k]) for k in dims]
-    for k, target in steps:
-        size = local_shape(shape, tuple(now[:k]), pl.hierarchy[:k], pl.coord[:k])
-        x = convert(x, pl, k, now[k], target, size)
-        now[k] = target
+    for k, before, now in steps(src, dst):
+        size = local_shape(shape, before[:k], pl.hierarchy[:k], pl.coord[:k])
+        x = convert(x, pl, k, before[k], now[k], size)
     return x
+
+
+def steps(src: Signature, dst: Signature) -> list[tuple[int, Signature, Signature]]:
+    """The one-mesh-dimension conversions from src to dst, in order: (mesh dim,
+    signature before, signature after)."""
+    dims, direct = plan(src, dst)
+    order = [(k, dst[k]) for k in reversed(dims)]
+    if not direct:  # to B innermost first, then to dst outermost first
+        order = [(k, B) for k in reversed(dims)] + [(k, dst[k]) for k in dims]
+    out, now = [], tuple(src)
+    for k, target in order:
+        after = now[:k] + (target,) + now[k + 1 :]
+        if after != now:
+            out.append((k, now, after))
+        now = after
+    return out
 
 
 def transfer_bytes(
     src: SBP, dst: SBP, shape: tuple[int, ...], n: int, item: int
 ) -> int:
-    """Bytes this rank contributes to converting a tensor of `shape` from src to dst
-    on a 1-D placement of n ranks, as the Ledger counts them (rank 0's view; the
-    size exchanges of a gather or all_to_all are 8 bytes per call).
+    """Bytes the rank at coordinate 0 contributes to converting a tensor of `shape`
+    (what its group holds together) from src to dst on one mesh dimension of n
+    ranks, as the Ledger counts them (a gather or all_to_all also exchanges the
+    pieces' sizes: 8 bytes).
 
     all_gather sends the longest piece (pieces are padded to it); all_reduce the whole
     tensor; reduce_scatter (a ring) sends n - 1 blocks of the longest piece;

@@ -236,13 +236,22 @@ def _resized(call: Call, where: Callable[[int], int | None]) -> Decision:
 @register(aten.view.default, aten._unsafe_view.default)
 def _view(call: Call) -> Decision:
     old, new = call.shape(0), call.out_shapes()[0]
+    sig, mesh = call.sigs[0], call.placement.hierarchy
 
     def where(i: int) -> int | None:
-        before = _prod(old[:i])
-        for j in range(len(new)):
-            if _prod(new[:j]) == before and new[j] == old[i]:
-                return j
-        return None
+        """Where split dim i goes: the same size at the same offset, or (when every
+        piece stays whole rows) the head of a merge or of a split of dims."""
+        ways = _prod([n for s, n in zip(sig, mesh, strict=True) if s == Split(i)])
+        j = next((j for j in range(len(new) + 1) if _prod(new[:j]) >= _prod(old[:i])),
+                 len(new))  # fmt: skip
+        if j == len(new) or _prod(new[:j]) != _prod(old[:i]):
+            return None
+        if new[j] == old[i]:
+            return j
+        even = old[i] % ways == 0 and new[j] % ways == 0
+        merged = new[j] == _prod(old[i : i + _run(old[i:], new[j])])
+        split = old[i] == _prod(new[j : j + _run(new[j:], old[i])])
+        return j if even and (merged or split) else None
 
     return _resized(call, where)
 
@@ -254,7 +263,17 @@ def _expand(call: Call) -> Decision:
     return _resized(call, lambda i: i + off if old[i] == new[i + off] else None)
 
 
-def _prod(xs: tuple[int, ...]) -> int:
+def _run(sizes: tuple[int, ...], total: int) -> int:
+    """How many leading sizes multiply to `total` (0 if none do)."""
+    acc = 1
+    for m, n in enumerate(sizes, 1):
+        acc *= n
+        if acc == total:
+            return m
+    return 0
+
+
+def _prod(xs: tuple[int, ...] | list[int]) -> int:
     out = 1
     for x in xs:
         out *= x
