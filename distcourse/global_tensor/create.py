@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from distcourse.global_tensor import debug
 from distcourse.global_tensor.placement import Placement
 from distcourse.global_tensor.sbp import (
     Broadcast,
@@ -78,7 +79,16 @@ def watch_grad(t: GlobalTensor) -> None:
     """Box t's gradient into t's signature (P -> B) before it accumulates: for a
     broadcast parameter this is data parallelism's gradient all_reduce."""
     target = dual(t.sbp)
-    t.register_hook(lambda g: rebox(g, target) if isinstance(g, GlobalTensor) else g)
+
+    def hook(g: Tensor) -> Tensor:
+        if not isinstance(g, GlobalTensor) or g.sbp == target:
+            return g
+        if debug.active():
+            debug.record(f"  gradient into a leaf: {describe(g.sbp)} -> "
+                         f"{describe(target)}")  # fmt: skip
+        return rebox(g, target)
+
+    t.register_hook(hook)
 
 
 def _logical(x: Tensor, pl: Placement, sig: Signature, what: str) -> tuple[int, ...]:

@@ -75,6 +75,9 @@ class Placement:
     def __hash__(self) -> int:
         return hash(self._key())
 
+    def __deepcopy__(self, memo: dict) -> Placement:
+        return self  # it names groups, which are shared: copy.deepcopy(model) works
+
     def __repr__(self) -> str:
         return f'placement(type="{self.device_type}", ranks={self.ranks})'
 
