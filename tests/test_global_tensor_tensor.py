@@ -166,3 +166,29 @@ def test_dtensor_gives_the_same_values_for_the_same_layouts() -> None:
     for got in spawn(_dtensor, 2, timeout=60):
         assert all(v is True for k, v in got.items() if k != "dtensor mse grad ratio")
         assert got["dtensor mse grad ratio"] in (1.0, 2.0)  # 2.0: torch's bug
+
+
+def _two_d() -> tuple[list, list]:
+    """DP x TP on a 2 x 2 placement: data (S(0), B); the first Linear's weight
+    (out, in) is (B, S(0)) (column parallel), the second's (B, S(1)) (row)."""
+    p = gt.placement("cpu", ranks=[[0, 1], [2, 3]])
+    b, s0, s1 = gt.sbp.broadcast, gt.sbp.split(0), gt.sbp.split(1)
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
+    model.load_state_dict(ref.state_dict())
+    for layer, sig, bias in [(model[0], (b, s0), (b, s0)), (model[2], (b, s1), (b, b))]:
+        for name, t, s in [("weight", layer.weight, sig), ("bias", layer.bias, bias)]:
+            whole = gt.to_global(t.detach(), p, (b, b)).to_global(sbp=s)
+            layer.register_parameter(name, nn.Parameter(whole))
+            gt.create.watch_grad(getattr(layer, name))
+    torch.manual_seed(1)
+    plain = [(torch.randn(6, 4), torch.randn(6, 4)) for _ in range(5)]
+    data = [tuple(gt.to_global(t, p, (b, b)).to_global(sbp=(s0, b)) for t in pair)
+            for pair in plain]  # fmt: skip
+    return _train(model, data), _train(ref, plain)
+
+
+def test_dp_x_tp_on_a_2d_placement_equals_one_process() -> None:
+    for losses, want in spawn(_two_d, 4, timeout=60):
+        assert _close(losses, want)
