@@ -35,16 +35,13 @@ class Placement:
         self.flat = flat  # a group of all the placement's ranks
         where = (grid == dist.get_rank()).nonzero()
         self.coord = tuple(where[0].tolist()) if len(where) else None
+        self.key = (device_type, tuple(grid.shape), tuple(grid.flatten().tolist()))
+        self.hierarchy = tuple(grid.shape)  # size of each mesh dim (OneFlow's name)
 
     @property
     def ranks(self) -> list:
         """The ranks as given: a list (1-D) or a list of lists (2-D)."""
         return self.grid.tolist()
-
-    @property
-    def hierarchy(self) -> tuple[int, ...]:
-        """Size of each mesh dimension, e.g. (2, 2) (OneFlow's name)."""
-        return tuple(self.grid.shape)
 
     @property
     def ndim(self) -> int:
@@ -66,14 +63,11 @@ class Placement:
             )
         return self.coord
 
-    def _key(self) -> tuple:
-        return (self.device_type, tuple(self.grid.shape), tuple(self.grid.flatten()))
-
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Placement) and self._key() == other._key()
+        return isinstance(other, Placement) and self.key == other.key
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        return hash(self.key)
 
     def __deepcopy__(self, memo: dict) -> Placement:
         return self  # it names groups, which are shared: copy.deepcopy(model) works
