@@ -134,3 +134,12 @@ def test_strategies_do_not_import_each_other() -> None:
             i for i in _imports(path) for s in others if i == s or i.startswith(s + ".")
         }
         assert not used, f"{name} imports other strategies: {sorted(used)}"
+
+
+def test_global_tensors_do_not_import_strategies() -> None:
+    used = {
+        i
+        for i in _imports(PACKAGE / "global_tensor")
+        if i.startswith("distcourse.parallel")
+    }
+    assert not used, f"distcourse.global_tensor imports {sorted(used)}"

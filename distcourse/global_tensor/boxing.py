@@ -1,0 +1,164 @@
+"""Boxing: change a global tensor's signature, one mesh dimension at a time.
+
+On one mesh dimension (a group of n ranks), with the collectives of comm.autograd:
+
+    S(i) -> B      all_gather          gather_from_group
+    P -> B         all_reduce          reduce_from_group
+    P -> S(i)      reduce_scatter      reduce_scatter_along
+    B -> S(i)      keep my piece       split_to_group (no messages)
+    S(i) -> S(j)   all_to_all          all_to_all_along
+    B -> P         coordinate 0 keeps the value, the others hold zeros (no messages):
+                   the sum over ranks is the value, which is all P asks
+    S(i) -> P      my piece in place in a zero tensor of the whole shape (no messages)
+
+These functions move plain local tensors and have no autograd of their own: they
+run inside an op (below autograd) or inside tensor.Redistribute, whose backward
+boxes the gradient. On 2-D placements a mesh dimension converts directly unless a
+later mesh dimension splits the same tensor dim (nesting): then those dimensions go
+to B innermost first and come back outermost first.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from distcourse.comm.autograd import (
+    all_to_all_along,
+    gather_from_group,
+    reduce_from_group,
+    reduce_scatter_along,
+    split_to_group,
+)
+from distcourse.global_tensor import debug
+from distcourse.global_tensor.placement import Placement
+from distcourse.global_tensor.sbp import (
+    SBP,
+    Broadcast,
+    PartialSum,
+    Signature,
+    Split,
+    local_shape,
+    piece,
+)
+
+B, P = Broadcast(), PartialSum()
+
+
+def collective(src: SBP, dst: SBP) -> str:
+    """The name of what converts src to dst on one mesh dimension."""
+    if src == dst:
+        return "nothing"
+    if isinstance(src, Split):
+        return {B: "all_gather", P: "place in zeros"}.get(dst, "all_to_all")
+    if src == P:
+        return "all_reduce" if dst == B else "reduce_scatter"
+    return "slice" if isinstance(dst, Split) else "zeros off coordinate 0"
+
+
+def convert(
+    x: Tensor, pl: Placement, dim: int, src: SBP, dst: SBP, size: tuple[int, ...]
+) -> Tensor:
+    """x's conversion on mesh dimension `dim`; `size` is the shape the group holds
+    together (the logical shape less the splits of outer mesh dimensions)."""
+    if src == dst:
+        return x
+    group, c = pl.groups[dim], pl.coord[dim]
+    if debug.active():
+        debug.record(f"    mesh dim {dim}: {src!r} -> {dst!r}  {collective(src, dst)}")
+    if isinstance(src, Split):
+        if dst == B:
+            return gather_from_group(x, src.dim, group, check=False)
+        if isinstance(dst, Split):
+            return all_to_all_along(x, dst.dim, src.dim, group, check=False)
+        whole = list(x.shape)  # S -> P; no later mesh dim splits src.dim (plan)
+        whole[src.dim] = size[src.dim]
+        out = x.new_zeros(whole)
+        start, length = piece(size[src.dim], pl.hierarchy[dim], c)
+        out.narrow(src.dim, start, length).copy_(x)
+        return out
+    if src == P:
+        if dst == B:
+            return reduce_from_group(x, group, check=False)
+        return reduce_scatter_along(x, dst.dim, group, check=False)
+    if isinstance(dst, Split):  # B -> S
+        return split_to_group(x, dst.dim, group, check=False)
+    return x if c == 0 else torch.zeros_like(x)  # B -> P
+
+
+def _splits(*sbps: SBP) -> set[int]:
+    return {s.dim for s in sbps if isinstance(s, Split)}
+
+
+def plan(src: Signature, dst: Signature) -> tuple[list[int], bool]:
+    """The mesh dims to convert, and whether they convert directly (no nesting)."""
+    dirty = [k for k in range(len(src)) if src[k] != dst[k]]
+    direct = True
+    for k in list(dirty):
+        for j in range(k + 1, len(src)):
+            if j not in dirty and _splits(src[k], dst[k]) & _splits(src[j], dst[j]):
+                dirty.append(j)
+                direct = False
+    for k in dirty:
+        for j in dirty:
+            if j > k and _splits(src[k], dst[k]) & _splits(src[j], dst[j]):
+                direct = False
+    return sorted(set(dirty)), direct
+
+
+def box(
+    x: Tensor, pl: Placement, src: Signature, dst: Signature, shape: tuple[int, ...]
+) -> Tensor:
+    """The local piece under `dst` of the global tensor whose piece under `src` is x.
+
+    `shape` is the logical shape. Every rank of the placement must call it with the
+    same arguments (they are metadata that every rank holds alike).
+    """
+    for k, before, now in steps(src, dst):
+        size = local_shape(shape, before[:k], pl.hierarchy[:k], pl.coord[:k])
+        x = convert(x, pl, k, before[k], now[k], size)
+    return x
+
+
+def steps(src: Signature, dst: Signature) -> list[tuple[int, Signature, Signature]]:
+    """The one-mesh-dimension conversions from src to dst, in order: (mesh dim,
+    signature before, signature after)."""
+    dims, direct = plan(src, dst)
+    order = [(k, dst[k]) for k in reversed(dims)]
+    if not direct:  # to B innermost first, then to dst outermost first
+        order = [(k, B) for k in reversed(dims)] + [(k, dst[k]) for k in dims]
+    out, now = [], tuple(src)
+    for k, target in order:
+        after = now[:k] + (target,) + now[k + 1 :]
+        if after != now:
+            out.append((k, now, after))
+        now = after
+    return out
+
+
+def transfer_bytes(
+    src: SBP, dst: SBP, shape: tuple[int, ...], n: int, item: int
+) -> int:
+    """Bytes the rank at coordinate 0 contributes to converting a tensor of `shape`
+    (what its group holds together) from src to dst on one mesh dimension of n
+    ranks, as the Ledger counts them (a gather or all_to_all also exchanges the
+    pieces' sizes: 8 bytes).
+
+    all_gather sends the longest piece (pieces are padded to it); all_reduce the whole
+    tensor; reduce_scatter (a ring) sends n - 1 blocks of the longest piece;
+    all_to_all sends everything but keeps nothing back; local conversions send none.
+    """
+    total = torch.Size(shape).numel() * item
+    kind = collective(src, dst)
+    if kind == "all_reduce":
+        return total
+    d = src.dim if kind == "all_gather" else getattr(dst, "dim", 0)
+    longest = total // shape[d] * piece(shape[d], n, 0)[1] if shape[d] else 0
+    if kind == "all_gather":
+        return 8 + longest
+    if kind == "reduce_scatter":
+        return (n - 1) * longest
+    if kind == "all_to_all":
+        mine = total // shape[src.dim] * piece(shape[src.dim], n, 0)[1]
+        return 8 + mine
+    return 0

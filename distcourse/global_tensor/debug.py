@@ -1,0 +1,63 @@
+"""The debug view: each op on global tensors, the signature chosen, the boxing inserted.
+
+    with gt.debug() as log:
+        loss = model(x).sum()
+    print(log)
+
+Lines look like `aten.mm  S(0) x B -> S(0)` and, for a conversion,
+`  box arg 1: P -> B  all_reduce on mesh dim 0`. The backward's ops appear too:
+autograd runs above __torch_dispatch__, so the backward is global ops as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_LOGS: list[DebugLog] = []
+
+
+class DebugLog:
+    """The lines recorded while a `debug()` block was active."""
+
+    def __init__(self, echo: bool) -> None:
+        self.lines: list[str] = []
+        self.echo = echo
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+        if self.echo:
+            print(line)
+
+    def ops(self) -> list[str]:
+        """The op lines only (no boxing lines)."""
+        return [ln for ln in self.lines if not ln.startswith(" ")]
+
+    def boxing(self) -> list[str]:
+        """The boxing lines only, stripped."""
+        return [ln.strip() for ln in self.lines if ln.startswith(" ")]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+
+@contextmanager
+def debug(echo: bool = False) -> Iterator[DebugLog]:
+    """Record (and with `echo`, print) every global op and boxing in the block."""
+    log = DebugLog(echo)
+    _LOGS.append(log)
+    try:
+        yield log
+    finally:
+        _LOGS.remove(log)
+
+
+def active() -> bool:
+    """Whether any debug block is recording (callers skip formatting otherwise)."""
+    return bool(_LOGS)
+
+
+def record(line: str) -> None:
+    """Add a line to every active log."""
+    for log in _LOGS:
+        log.add(line)

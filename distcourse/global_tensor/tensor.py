@@ -1,0 +1,188 @@
+"""GlobalTensor: one logical tensor whose pieces live on the ranks of a placement.
+
+A wrapper tensor subclass, as DTensor is: the wrapper has the logical shape and no
+storage; each rank's piece is `local_tensor`. Autograd runs on the wrappers, above
+`__torch_dispatch__`, which receives every aten op of the forward and of the
+backward and hands it to dispatch.run. So nn modules, torch.nn.functional,
+autograd and torch.optim run unchanged.
+
+The conversions a user calls (`to_global`, `to_local`, `full_tensor`, and
+gt.to_global of a local tensor) are autograd Functions: the gradient goes back
+through the reverse boxing, into the signature of the input, with a partial sum
+replaced by broadcast (a P tensor's gradient is the same for every piece). Pass
+`grad_sbp=` to choose it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from distcourse.global_tensor import dispatch
+from distcourse.global_tensor.boxing import box
+from distcourse.global_tensor.placement import Placement
+from distcourse.global_tensor.sbp import (
+    Broadcast,
+    PartialSum,
+    Signature,
+    describe,
+    local_shape,
+    signature,
+)
+
+
+def dual(sig: Signature) -> Signature:
+    """The gradient's default signature: the same, with P replaced by B."""
+    return tuple(Broadcast() if isinstance(s, PartialSum) else s for s in sig)
+
+
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
+
+
+class GlobalTensor(Tensor):
+    """A logical tensor: `placement`, `sbp` (a tuple, one per mesh dimension),
+    `shape` (logical) and this rank's piece."""
+
+    _local: Tensor
+    _placement: Placement
+    _sbp: Signature
+
+    @staticmethod
+    def __new__(
+        cls,
+        local: Tensor,
+        placement: Placement,
+        sbp: Signature,
+        shape: tuple[int, ...],
+        requires_grad: bool = False,
+    ) -> GlobalTensor:
+        shape = tuple(shape)
+        out = Tensor._make_wrapper_subclass(
+            cls, shape, strides=_strides(shape), dtype=local.dtype,
+            device=local.device, requires_grad=requires_grad,
+        )  # fmt: skip
+        out._local = local.detach() if local.requires_grad else local
+        out._placement, out._sbp = placement, tuple(sbp)
+        return out
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        return dispatch.run(cls, func, args, kwargs or {})
+
+    # ----------------------------------------------------------- metadata ----
+
+    @property
+    def placement(self) -> Placement:
+        return self._placement
+
+    @property
+    def sbp(self) -> Signature:
+        """One SBP per mesh dimension (a tuple even on 1-D placements, as OneFlow)."""
+        return self._sbp
+
+    @property
+    def local_tensor(self) -> Tensor:
+        """This rank's piece, outside autograd (use to_local() inside a model)."""
+        return self._local
+
+    def __repr__(self) -> str:
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return (
+            f"GlobalTensor(shape={list(self.shape)}, sbp={describe(self._sbp)}, "
+            f"{self._placement}, local={self._local}{grad})"
+        )
+
+    # -------------------------------------------------------- conversions ----
+
+    def to_local(self, *, grad_sbp: Any = None) -> Tensor:
+        """This rank's piece; its gradient becomes a global tensor with this
+        tensor's signature (P replaced by B) or `grad_sbp`."""
+        grad = _grad_signature(self, grad_sbp, self._sbp)
+        pl = self._placement
+        mine = local_shape(self.shape, self._sbp, pl.hierarchy, pl.coord)
+        if local_shape(self.shape, grad, pl.hierarchy, pl.coord) != mine:
+            raise ValueError(f"to_local: grad_sbp {describe(grad)} does not fit a "
+                             f"piece of {describe(self._sbp)}")  # fmt: skip
+        return ToLocal.apply(self, grad)
+
+    def to_global(
+        self, placement: Placement | None = None, sbp: Any = None, *,
+        grad_sbp: Any = None,
+    ) -> GlobalTensor:  # fmt: skip
+        """The same logical tensor under another signature (boxing, a collective
+        on every rank of the placement). Moving to other ranks is not built yet."""
+        if placement is not None and placement != self._placement:
+            raise NotImplementedError(
+                f"to_global: moving from {self._placement} to {placement} (other "
+                "ranks) is not supported yet; same placement only"
+            )
+        what = "to_global"
+        target = self._sbp if sbp is None else signature(
+            sbp, self._placement.ndim, self.dim(), what
+        )  # fmt: skip
+        grad = _grad_signature(self, grad_sbp, self._sbp)
+        self._placement.require_member(what)
+        return Redistribute.apply(self, target, grad)
+
+    def full_tensor(self) -> Tensor:
+        """The logical tensor, whole, on every rank (a collective: call it on all)."""
+        b = tuple(Broadcast() for _ in self._sbp)
+        return self.to_global(sbp=b).to_local()
+
+
+def _grad_signature(x: GlobalTensor, grad_sbp: Any, sig: Signature) -> Signature:
+    if grad_sbp is None:
+        return dual(sig)
+    return signature(grad_sbp, x.placement.ndim, x.dim(), "grad_sbp")
+
+
+def as_global(grad: Any, like: GlobalTensor, what: str) -> GlobalTensor:
+    """A gradient, which should be global, or TypeError."""
+    if not isinstance(grad, GlobalTensor):
+        raise TypeError(f"{what}: expected a global gradient, got {type(grad)}")
+    return grad
+
+
+def rebox(x: GlobalTensor, sig: Signature) -> GlobalTensor:
+    """x under `sig`, outside autograd (used by backwards and hooks)."""
+    if x.sbp == sig:
+        return x
+    local = box(x.local_tensor, x.placement, x.sbp, sig, tuple(x.shape))
+    return GlobalTensor(local, x.placement, sig, tuple(x.shape))
+
+
+class Redistribute(torch.autograd.Function):
+    """Boxing with a backward: the gradient is boxed back to `grad` (a signature)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: GlobalTensor, sig: Signature, grad: Signature) -> Any:
+        ctx.grad = grad
+        return rebox(x, sig)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        return rebox(as_global(g, g, "to_global backward"), ctx.grad), None, None
+
+
+class ToLocal(torch.autograd.Function):
+    """x.to_local(): the gradient of the piece, wrapped with signature `grad`."""
+
+    @staticmethod
+    def forward(ctx: Any, x: GlobalTensor, grad: Signature) -> Tensor:
+        ctx.placement, ctx.shape, ctx.grad = x.placement, tuple(x.shape), grad
+        local = x.local_tensor
+        return local.view_as(local)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple:
+        # each rank's g is read as its piece of the gradient under `grad`
+        return GlobalTensor(g, ctx.placement, ctx.grad, ctx.shape), None
