@@ -54,6 +54,19 @@ def test_verdicts_are_the_pass_and_true_lines_the_rest_is_not_compared() -> None
     assert failed == ["max |difference| = 1.2e-03 > 1e-06: FAIL", "bit for bit: False"]
 
 
+def test_a_negative_stored_on_purpose_passes_only_word_for_word() -> None:
+    stored = _notebook_with_outputs()
+    expected = bookrun.expected_negatives(stored)
+    assert "bit for bit: False" in expected
+    passed, failed = bookrun.verdicts(stored, expected)
+    assert failed == [] and len(passed) == 4
+    rerun = _notebook_with_outputs()
+    out = rerun.cells[1].outputs[0]
+    out.text = out.text.replace("all ranks: True", "all ranks: False")
+    _, failed = bookrun.verdicts(rerun, expected)  # a new False is still a failure
+    assert failed == ["rank 1: parameters identical on all ranks: False"]
+
+
 def _chapter(tmp_path: Path, name: str, *sources: str) -> Path:
     nb = new_notebook(cells=[new_code_cell(s) for s in sources])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
