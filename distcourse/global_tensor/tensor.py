@@ -119,12 +119,12 @@ class GlobalTensor(Tensor):
         grad_sbp: Any = None,
     ) -> GlobalTensor:  # fmt: skip
         """The same logical tensor under another signature (boxing, a collective
-        on every rank of the placement). Moving to other ranks is not built yet."""
+        on every rank of the placement). To another placement: a move, which every
+        rank of both placements calls (see global_tensor.move)."""
         if placement is not None and placement != self._placement:
-            raise NotImplementedError(
-                f"to_global: moving from {self._placement} to {placement} (other "
-                "ranks) is not supported yet; same placement only"
-            )
+            from distcourse.global_tensor.move import to_placement  # imports this
+
+            return to_placement(self, placement, sbp, grad_sbp)
         what = "to_global"
         target = self._sbp if sbp is None else signature(
             sbp, self._placement.ndim, self.dim(), what
