@@ -3,7 +3,8 @@
 `x.to_global(placement=q, sbp=...)` with q other than x's placement p. As in
 OneFlow, every rank of both placements calls it, and a rank outside a placement
 holds its tensors too: a GlobalTensor with the logical shape, placement and SBP and
-an empty local piece (`absent(...)` makes one). The move, in two stages:
+an empty local piece (`absent(...)` makes one; its to_local() is empty, as
+OneFlow's is). The move, in two stages:
 
     1. on p: box x to broadcast on every mesh dimension (the collectives of boxing;
        none if x is already broadcast), so every rank of p holds the whole tensor;

@@ -104,10 +104,12 @@ class GlobalTensor(Tensor):
     # -------------------------------------------------------- conversions ----
 
     def to_local(self, *, grad_sbp: Any = None) -> Tensor:
-        """This rank's piece; its gradient becomes a global tensor with this
-        tensor's signature (P replaced by B) or `grad_sbp`."""
+        """This rank's piece (empty outside the placement); its gradient becomes a
+        global tensor with this tensor's signature (P replaced by B) or `grad_sbp`."""
         grad = _grad_signature(self, grad_sbp, self._sbp)
         pl = self._placement
+        if pl.coord is None:  # outside the placement: empty, as OneFlow's
+            return ToLocal.apply(self, grad)
         mine = local_shape(self.shape, self._sbp, pl.hierarchy, pl.coord)
         if local_shape(self.shape, grad, pl.hierarchy, pl.coord) != mine:
             raise ValueError(f"to_local: grad_sbp {describe(grad)} does not fit a "
