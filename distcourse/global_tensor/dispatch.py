@@ -111,13 +111,20 @@ def operands(cls: type, flat: list, name: str) -> list[Tensor]:
     return tensors
 
 
+# ops a rank outside the placement may run on its shape-only tensor
+_SHAPE_ONLY = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+
+
 def run(cls: type, func: Any, args: tuple, kwargs: dict) -> Any:
     """The op on global operands: a global result (or a Python value)."""
     name = func_name(func)
     flat, spec = tree_flatten((args, kwargs))
     tensors = operands(cls, flat, name)
-    pl = next(t for t in tensors if isinstance(t, cls)).placement
-    pl.require_member(name)
+    first = next(t for t in tensors if isinstance(t, cls))
+    pl = first.placement
+    if pl.coord is None and func in _SHAPE_ONLY:  # autograd's detach of a tensor
+        return cls(first.local_tensor, pl, first.sbp, tuple(first.shape))  # held
+    pl.require_member(name)  # outside the placement (global_tensor.move)
     sigs = [t.sbp if isinstance(t, cls) else None for t in tensors]
     call = Call(func, args, kwargs, tensors, sigs, pl)
     rule = RULES.get(func) or RULES.get(func.overloadpacket)

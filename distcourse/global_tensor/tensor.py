@@ -104,10 +104,12 @@ class GlobalTensor(Tensor):
     # -------------------------------------------------------- conversions ----
 
     def to_local(self, *, grad_sbp: Any = None) -> Tensor:
-        """This rank's piece; its gradient becomes a global tensor with this
-        tensor's signature (P replaced by B) or `grad_sbp`."""
+        """This rank's piece (empty outside the placement); its gradient becomes a
+        global tensor with this tensor's signature (P replaced by B) or `grad_sbp`."""
         grad = _grad_signature(self, grad_sbp, self._sbp)
         pl = self._placement
+        if pl.coord is None:  # outside the placement: empty, as OneFlow's
+            return ToLocal.apply(self, grad)
         mine = local_shape(self.shape, self._sbp, pl.hierarchy, pl.coord)
         if local_shape(self.shape, grad, pl.hierarchy, pl.coord) != mine:
             raise ValueError(f"to_local: grad_sbp {describe(grad)} does not fit a "
@@ -119,12 +121,12 @@ class GlobalTensor(Tensor):
         grad_sbp: Any = None,
     ) -> GlobalTensor:  # fmt: skip
         """The same logical tensor under another signature (boxing, a collective
-        on every rank of the placement). Moving to other ranks is not built yet."""
+        on every rank of the placement). To another placement: a move, which every
+        rank of both placements calls (see global_tensor.move)."""
         if placement is not None and placement != self._placement:
-            raise NotImplementedError(
-                f"to_global: moving from {self._placement} to {placement} (other "
-                "ranks) is not supported yet; same placement only"
-            )
+            from distcourse.global_tensor.move import to_placement  # imports this
+
+            return to_placement(self, placement, sbp, grad_sbp)
         what = "to_global"
         target = self._sbp if sbp is None else signature(
             sbp, self._placement.ndim, self.dim(), what
