@@ -287,8 +287,9 @@ def sbp_pieces(pieces: dict[str, Sequence[torch.Tensor]], title: str = "") -> Fi
         for r, (ax, t) in enumerate(zip(row, ts, strict=False)):
             ax.set(xticks=[], yticks=[], title=f"rank {r}: {tuple(t.shape)}")
             if t.numel():
-                ax.imshow(t.reshape(t.shape[0], -1), cmap="viridis", vmin=lo, vmax=hi)
-                grid = t.reshape(t.shape[0], -1).tolist()
+                grid = t.reshape(t.shape[0], -1)  # light colours: legible values
+                ax.imshow(grid, cmap="Blues", vmin=lo, vmax=2 * hi - lo)
+                grid = grid.tolist()
                 for i, line in enumerate(grid):
                     for j, v in enumerate(line):
                         ax.text(j, i, f"{v:g}", ha="center", va="center", fontsize=7)
