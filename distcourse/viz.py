@@ -288,7 +288,7 @@ def sbp_pieces(pieces: dict[str, Sequence[torch.Tensor]], title: str = "") -> Fi
             ax.set(xticks=[], yticks=[], title=f"rank {r}: {tuple(t.shape)}")
             if t.numel():
                 grid = t.reshape(t.shape[0], -1)  # light colours: legible values
-                ax.imshow(grid, cmap="Blues", vmin=lo, vmax=2 * hi - lo)
+                ax.imshow(grid.numpy(), cmap="Blues", vmin=lo, vmax=2 * hi - lo)
                 grid = grid.tolist()
                 for i, line in enumerate(grid):
                     for j, v in enumerate(line):
