@@ -269,3 +269,31 @@ def gantt(
     ax.set_xlabel("time since the step started (ms)")
     ax.grid(True, axis="x", alpha=0.3)
     return _finish(fig, ax, title)
+
+
+def sbp_pieces(pieces: dict[str, Sequence[torch.Tensor]], title: str = "") -> Figure:
+    """What each rank holds of one logical 2-D tensor: a row per signature (name ->
+    the ranks' local tensors, in rank order), one colour scale for all, so split,
+    broadcast and a partial sum's zeros compare at a glance; cells show values."""
+    if not pieces or not all(pieces.values()):
+        raise ValueError("need at least one signature and one rank")
+    values = torch.cat([t.flatten().float() for ts in pieces.values() for t in ts])
+    lo, hi = (values.min().item(), values.max().item()) if values.numel() else (0, 1)
+    n = max(len(ts) for ts in pieces.values())
+    fig, axes = plt.subplots(len(pieces), n, figsize=(1.9 * n, 1.9 * len(pieces)),
+                             squeeze=False)  # fmt: skip
+    for row, (name, ts) in zip(axes, pieces.items(), strict=True):
+        row[0].set_ylabel(name)
+        for r, (ax, t) in enumerate(zip(row, ts, strict=False)):
+            ax.set(xticks=[], yticks=[], title=f"rank {r}: {tuple(t.shape)}")
+            if t.numel():
+                grid = t.reshape(t.shape[0], -1)  # light colours: legible values
+                ax.imshow(grid.numpy(), cmap="Blues", vmin=lo, vmax=2 * hi - lo)
+                grid = grid.tolist()
+                for i, line in enumerate(grid):
+                    for j, v in enumerate(line):
+                        ax.text(j, i, f"{v:g}", ha="center", va="center", fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    plt.close(fig)  # the caller displays it
+    return fig

@@ -115,3 +115,19 @@ def test_gantt_draws_a_row_per_rank_and_a_bar_per_action() -> None:
     assert [round(b.get_width(), 6) for b in bars] == [1.0, 1.0, 2.0, 1.0, 2.0]
     assert [round(b.get_x(), 6) for b in bars] == [0.0, 1.0, 4.0, 1.0, 2.0]
     assert [t.get_text() for t in ax.texts] == ["0", "1", "0", "0", "0"]
+
+
+def test_sbp_pieces_draws_a_panel_per_rank_and_signature() -> None:
+    whole = torch.arange(16.0).reshape(4, 4)
+    pieces = {"S(0)": list(whole.tensor_split(4)), "P": [whole] + [whole * 0] * 3,
+              "S(1) of 6": [torch.ones(2, 1), torch.ones(2, 0)] * 2}  # fmt: skip
+    fig = viz.sbp_pieces(pieces, "one tensor")
+    assert len(fig.axes) == 12 and fig.axes[0].get_ylabel() == "S(0)"
+    assert [t.get_text() for t in fig.axes[1].texts] == ["4", "5", "6", "7"]
+    assert fig.axes[4].get_title() == "rank 0: (4, 4)" and len(fig.axes[4].texts) == 16
+    assert len(fig.axes[9].images) == 0  # an empty piece draws nothing
+
+
+def test_sbp_pieces_rejects_no_ranks() -> None:
+    with pytest.raises(ValueError, match="one rank"):
+        viz.sbp_pieces({"B": []})
