@@ -12,7 +12,8 @@ tensor subclass, so nn modules, autograd and torch.optim run on it unchanged.
     y = x.to_global(sbp=gt.sbp.broadcast)
 """
 
-from distcourse.global_tensor import reductions, rules, sbp  # registers the rules
+# importing rules, reductions and move registers them
+from distcourse.global_tensor import move, reductions, rules, sbp
 from distcourse.global_tensor.create import full, ones, randn, to_global, zeros
 from distcourse.global_tensor.debug import DebugLog, debug
 from distcourse.global_tensor.io import load, save
@@ -20,6 +21,6 @@ from distcourse.global_tensor.placement import Placement, placement
 from distcourse.global_tensor.tensor import GlobalTensor
 
 __all__ = [
-    "DebugLog", "GlobalTensor", "Placement", "debug", "full", "load", "ones",
+    "DebugLog", "GlobalTensor", "Placement", "debug", "full", "load", "move", "ones",
     "placement", "randn", "reductions", "rules", "save", "sbp", "to_global", "zeros",
 ]  # fmt: skip

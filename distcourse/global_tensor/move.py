@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from distcourse.comm.p2p import HEADER_LEN, recv_tensor, send_tensor
+from distcourse.global_tensor import tensor
 from distcourse.global_tensor.boxing import box, steps, transfer_bytes
 from distcourse.global_tensor.placement import Placement
 from distcourse.global_tensor.sbp import (
@@ -179,3 +180,6 @@ def to_placement(
         grad_sbp, p.ndim, x.dim(), "grad_sbp"
     )  # fmt: skip
     return Move.apply(x, q, sig, grad)
+
+
+tensor.mover = to_placement  # x.to_global(placement=other) calls it

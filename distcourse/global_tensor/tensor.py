@@ -15,6 +15,7 @@ replaced by broadcast (a P tensor's gradient is the same for every piece). Pass
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,6 +45,11 @@ def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         out.append(step)
         step *= max(n, 1)
     return tuple(reversed(out))
+
+
+# Moving to other ranks is global_tensor.move, which builds on this class: it installs
+# itself here when the package is imported, as the op rules fill dispatch.RULES.
+mover: Callable[..., GlobalTensor] | None = None
 
 
 class GlobalTensor(Tensor):
@@ -124,9 +130,9 @@ class GlobalTensor(Tensor):
         on every rank of the placement). To another placement: a move, which every
         rank of both placements calls (see global_tensor.move)."""
         if placement is not None and placement != self._placement:
-            from distcourse.global_tensor.move import to_placement  # imports this
-
-            return to_placement(self, placement, sbp, grad_sbp)
+            if mover is None:
+                raise RuntimeError("moving placements: import distcourse.global_tensor")
+            return mover(self, placement, sbp, grad_sbp)
         what = "to_global"
         target = self._sbp if sbp is None else signature(
             sbp, self._placement.ndim, self.dim(), what

@@ -271,12 +271,24 @@ def _activate(view: ipp.DirectView) -> None:
     magics.stream_output = False  # print all output after the cell, in rank order
     magics.progress_after_seconds = -1  # no progress bar in the stored output
     shell.magics_manager.register(magics)
-    ranks.register(shell)  # %%ranks: the same cell, each rank's output in a column
+    ranks.register(shell, current_view)  # %%ranks: each rank's output in a column
 
 
 def current() -> Ranks | None:
     """The ranks this kernel started last and has not stopped (%%ranks runs there)."""
     return _current
+
+
+def current_view() -> ipp.DirectView | None:
+    """The DirectView of `current()`, or None: what %%ranks runs a cell on."""
+    return None if _current is None else _current.view
+
+
+def load_ipython_extension(shell: object) -> None:
+    """`%load_ext distcourse.launch.cluster`: %%ranks without starting ranks here."""
+    from distcourse.launch import ranks
+
+    ranks.register(shell, current_view)
 
 
 def stop() -> None:

@@ -14,7 +14,7 @@ rank order for nbval. A figure a rank leaves open (or displays) is shown from ra
 A rank that raises makes the cell raise RankCellError, naming the rank and showing
 its traceback, after the output of every rank is shown.
 
-Outside `cluster.start`: `%load_ext distcourse.launch.ranks` registers it too.
+Outside `cluster.start`: `%load_ext distcourse.launch.cluster` registers it too.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,6 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.display import display
 
 from distcourse import runtime
-from distcourse.launch import cluster
 from distcourse.launch.columns import RankOutput, split_lines
 
 OUTPUT_WAIT = 5.0  # seconds to wait for the engines' last output after the results
@@ -189,12 +189,14 @@ def _figures_arg(value: str) -> str:
 
 @magics_class
 class RankMagics(Magics):
-    """The `%%ranks` cell magic, bound to the ranks `cluster.start` made last
-    (or to `view`, when given)."""
+    """The `%%ranks` cell magic, bound to whatever view `current()` gives when a
+    cell runs (cluster passes "the ranks `cluster.start` made last")."""
 
-    def __init__(self, shell: Any, view: ipp.DirectView | None = None) -> None:
+    def __init__(
+        self, shell: Any, current: Callable[[], ipp.DirectView | None]
+    ) -> None:
         super().__init__(shell)
-        self.view = view
+        self.current = current
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument(
@@ -207,23 +209,15 @@ class RankMagics(Magics):
         """Run the cell on every rank; show each rank's output in its own column."""
         args = magic_arguments.parse_argstring(self.ranks, line)
         which = _figures_arg(args.figures)
-        view = self.view
+        view = self.current()
         if view is None:
-            current = cluster.current()
-            if current is None:
-                raise RuntimeError("no ranks running: start them with cluster.start(n)")
-            view = current.view
+            raise RuntimeError("no ranks running: start them with cluster.start(n)")
         if which.isdigit() and int(which) >= len(view):  # before running anything
             raise ValueError(f"--figures {which}: there are {len(view)} ranks")
         result = execute(view, cell, collect_figures=which != "none")
         result.show(which)
 
 
-def register(shell: Any, view: ipp.DirectView | None = None) -> None:
-    """Register `%%ranks` in `shell` (for `view`, or the current ranks)."""
-    shell.register_magics(RankMagics(shell, view))
-
-
-def load_ipython_extension(shell: Any) -> None:
-    """`%load_ext distcourse.launch.ranks`."""
-    register(shell)
+def register(shell: Any, current: Callable[[], ipp.DirectView | None]) -> None:
+    """Register `%%ranks` in `shell`, running cells on the view `current()` gives."""
+    shell.register_magics(RankMagics(shell, current))
