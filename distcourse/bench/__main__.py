@@ -8,10 +8,13 @@ import sys
 
 import distcourse.bench as package
 
+NOT_BENCHMARKS = {"common"}  # shared command-line pieces
+
 
 def available() -> list[str]:
     """Names of the benchmarks in this package."""
-    return sorted(m.name for m in pkgutil.iter_modules(package.__path__))
+    names = (m.name for m in pkgutil.iter_modules(package.__path__))
+    return sorted(set(names) - NOT_BENCHMARKS)
 
 
 def main(argv: list[str]) -> int:

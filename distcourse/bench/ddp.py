@@ -10,10 +10,8 @@ median over steps of the slowest rank's time.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import itertools
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -25,6 +23,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from distcourse import runtime
+from distcourse.bench import common
 from distcourse.examples import models
 from distcourse.launch import spawn
 from distcourse.parallel.ddp import DDP, average_gradients
@@ -121,49 +120,31 @@ def run(cfg: Config, bucket_mb: float = BUCKET_MB) -> list[dict]:
 
 def format_table(rows: list[dict]) -> str:
     """The rows as an aligned text table."""
-    head = f"{'ranks':>5}  {'implementation':<15} {'step ms':>9}  {'vs torch DDP':>12}"
-    lines = [head]
-    for row in rows:
-        lines.append(
-            f"{row['ranks']:>5}  {row['implementation']:<15} {row['step_ms']:>9.2f}  "
-            f"{row['vs_torch']:>12.2f}"
-        )
-    return "\n".join(lines)
-
-
-def _ratio(rows: list[dict], name: str, ranks: int = 4) -> float:
-    row = next(r for r in rows if (r["ranks"], r["implementation"]) == (ranks, name))
-    return row["vs_torch"]
+    return common.table(rows, 15, "vs torch DDP")
 
 
 def main(argv: list[str]) -> int:
     """Parse options, run the benchmark, print a table (or one JSON object)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m distcourse.bench ddp",
-        description="Step time of our DDP vs torch DDP vs naive gradient averaging.",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--quick", action="store_true", help="tiny model, few steps")
+    parser = common.parser(
+        "ddp", "Step time of our DDP vs torch DDP vs naive gradient averaging.",
+        "tiny model, few steps",
+    )  # fmt: skip
     parser.add_argument("--bucket-mb", type=float, default=BUCKET_MB)
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     rows = run(cfg, args.bucket_mb)
     params = models.count_parameters(models.wide_mlp(cfg.width, cfg.depth, cfg.d_in))
-    ratio, naive = _ratio(rows, "ours (DDP)"), _ratio(rows, "naive average")
-    if args.json:
-        report = dict(
-            benchmark="ddp", ratio=ratio, naive_ratio=naive,
-            bucket_cap_mb=args.bucket_mb, parameters=params, config=asdict(cfg),
-            table=rows,
-        )  # fmt: skip
-        print(json.dumps(report))
-        return 0
-    print(
+    ratio = common.ratio_of(rows, "ours (DDP)", 4)
+    naive = common.ratio_of(rows, "naive average", 4)
+    result = dict(
+        benchmark="ddp", ratio=ratio, naive_ratio=naive, bucket_cap_mb=args.bucket_mb,
+        parameters=params, config=asdict(cfg), table=rows,
+    )  # fmt: skip
+    return common.report(result, args.json, lambda: [
         f"wide_mlp(width={cfg.width}, depth={cfg.depth}, d_in={cfg.d_in}): "
         f"{params / 1e6:.2f} M parameters, batch {cfg.batch} per rank, "
         f"median of {cfg.steps} steps after {cfg.warmup} warm-up, "
-        f"our buckets {args.bucket_mb:g} MB"
-    )
-    print(format_table(rows))
-    print(f"ours / torch DDP on 4 ranks: {ratio:.2f}; naive / torch DDP: {naive:.2f}")
-    return 0
+        f"our buckets {args.bucket_mb:g} MB",
+        format_table(rows),
+        f"ours / torch DDP on 4 ranks: {ratio:.2f}; naive / torch DDP: {naive:.2f}",
+    ])  # fmt: skip

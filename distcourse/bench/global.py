@@ -17,8 +17,6 @@ average is reported beside it: the machine may be shared.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
 from collections.abc import Callable
@@ -28,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 import distcourse.global_tensor as gt
+from distcourse.bench import common
 from distcourse.launch import spawn
 
 IMPLEMENTATIONS = ("torch DTensor", "ours (global_tensor)")
@@ -136,26 +135,22 @@ def run(cfg: Config) -> dict:
 
 def main(argv: list[str]) -> int:
     """Parse options, run, print a short table (or one JSON object)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m distcourse.bench global",
-        description="matmul + boxing step time: global_tensor vs DTensor.",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, 2 ranks")
+    parser = common.parser(
+        "global", "matmul + boxing step time: global_tensor vs DTensor.",
+        "tiny sizes, 2 ranks",
+    )  # fmt: skip
     parser.add_argument("--steps", type=int, help="timed steps per implementation")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     if args.steps:
         cfg = replace(cfg, steps=args.steps)
-    report = run(cfg)
-    if args.json:
-        print(json.dumps(report))
-        return 0
+    result = run(cfg)
     shapes = f"x ({cfg.m}, {cfg.k}) S(1) @ w S(0) -> P -> B, @ v ({cfg.k}, {cfg.n})"
-    print(f"{shapes} S(1) -> B, sum, backward; {cfg.ranks} ranks, median of "
-          f"{cfg.steps}")  # fmt: skip
-    for row in report["table"]:
-        print(f"  {row['implementation']:<22} {row['step_ms']:>9.2f} ms")
-    print(f"ours / DTensor: {report['ratio']:.2f} (load average "
-          f"{report['load_average']:.1f} on {report['cpus']} cpus)")  # fmt: skip
-    return 0
+    return common.report(result, args.json, lambda: [
+        f"{shapes} S(1) -> B, sum, backward; {cfg.ranks} ranks, median of "
+        f"{cfg.steps}",
+        *(f"  {row['implementation']:<22} {row['step_ms']:>9.2f} ms"
+          for row in result["table"]),
+        f"ours / DTensor: {result['ratio']:.2f} (load average "
+        f"{result['load_average']:.1f} on {result['cpus']} cpus)",
+    ])  # fmt: skip

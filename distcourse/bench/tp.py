@@ -12,10 +12,8 @@ time, and of our time / torch's in the same round.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import itertools
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -24,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from distcourse.bench import common
 from distcourse.examples.gpt import MLP
 from distcourse.launch import spawn
 from distcourse.parallel.tensor import ParallelMLP
@@ -121,28 +120,15 @@ def run(cfg: Config) -> list[dict]:
 
 def format_table(rows: list[dict]) -> str:
     """The rows as an aligned text table."""
-    lines = [f"{'ranks':>5}  {'implementation':<25} {'step ms':>9}  {'vs torch':>8}"]
-    for row in rows:
-        lines.append(
-            f"{row['ranks']:>5}  {row['implementation']:<25} {row['step_ms']:>9.2f}  "
-            f"{row['vs_torch']:>8.2f}"
-        )
-    return "\n".join(lines)
-
-
-def _ratio(rows: list[dict], name: str, ranks: int) -> float:
-    row = next(r for r in rows if (r["ranks"], r["implementation"]) == (ranks, name))
-    return row["vs_torch"]
+    return common.table(rows, 25, "vs torch")
 
 
 def main(argv: list[str]) -> int:
     """Parse options, run the benchmark, print a table (or one JSON object)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m distcourse.bench tp",
-        description="Parallel-MLP step time: ours vs torch's parallelize_module.",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, few steps")
+    parser = common.parser(
+        "tp", "Parallel-MLP step time: ours vs torch's parallelize_module.",
+        "tiny sizes, few steps",
+    )  # fmt: skip
     parser.add_argument("--ranks", type=int, nargs="+", help="world sizes (default 4)")
     parser.add_argument("--steps", type=int, help="timed steps per implementation")
     args = parser.parse_args(argv)
@@ -155,22 +141,18 @@ def main(argv: list[str]) -> int:
         cfg = replace(cfg, steps=args.steps)
     rows = run(cfg)
     last = cfg.worlds[-1]
-    ratio = _ratio(rows, IMPLEMENTATIONS[1], last)
-    unchecked = _ratio(rows, IMPLEMENTATIONS[2], last)
-    if args.json:
-        report = dict(
-            benchmark="tp", ratio=ratio, unchecked_ratio=unchecked, ranks=last,
-            config=asdict(cfg), table=rows,
-        )  # fmt: skip
-        print(json.dumps(report))
-        return 0
-    print(
+    ratio = common.ratio_of(rows, IMPLEMENTATIONS[1], last)
+    unchecked = common.ratio_of(rows, IMPLEMENTATIONS[2], last)
+    result = dict(
+        benchmark="tp", ratio=ratio, unchecked_ratio=unchecked, ranks=last,
+        config=asdict(cfg), table=rows,
+    )  # fmt: skip
+    return common.report(result, args.json, lambda: [
         f"MLP Linear({cfg.hidden}, {4 * cfg.hidden}) -> GELU -> "
         f"Linear({4 * cfg.hidden}, {cfg.hidden}), input ({cfg.batch}, {cfg.seq}, "
         f"{cfg.hidden}); forward + backward, median of {cfg.steps} steps after "
-        f"{cfg.warmup} warm-up"
-    )
-    print(format_table(rows))
-    print(f"ours / torch on {last} ranks: {ratio:.2f}; without the check: "
-          f"{unchecked:.2f}")  # fmt: skip
-    return 0
+        f"{cfg.warmup} warm-up",
+        format_table(rows),
+        f"ours / torch on {last} ranks: {ratio:.2f}; without the check: "
+        f"{unchecked:.2f}",
+    ])  # fmt: skip

@@ -1,0 +1,44 @@
+"""distcourse.bench.common: the command-line pieces every benchmark shares."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from distcourse.bench import common
+from distcourse.bench.__main__ import available
+
+ROWS = [
+    dict(ranks=2, implementation="torch", step_ms=2.0, vs_torch=1.0),
+    dict(ranks=2, implementation="ours", step_ms=1.5, vs_torch=0.75),
+]
+
+
+def test_parser_takes_json_and_quick() -> None:
+    args = common.parser("x", "a benchmark", "tiny").parse_args(["--json", "--quick"])
+    assert args.json and args.quick
+
+
+def test_ratio_of_finds_the_row_and_names_a_missing_one() -> None:
+    assert common.ratio_of(ROWS, "ours", 2) == 0.75
+    with pytest.raises(KeyError, match="'ours' on 4 ranks"):
+        common.ratio_of(ROWS, "ours", 4)
+
+
+def test_table_aligns_a_header_and_a_line_per_row() -> None:
+    lines = common.table(ROWS, 15, "vs torch DDP").splitlines()
+    assert len(lines) == 3 and lines[0].endswith("vs torch DDP")
+    assert lines[2].split() == ["2", "ours", "1.50", "0.75"]
+    assert len({len(line) for line in lines}) == 1
+
+
+def test_report_prints_json_or_text(capsys: pytest.CaptureFixture) -> None:
+    assert common.report({"ratio": 0.5}, True, lambda: ["unused"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"ratio": 0.5}
+    common.report({}, False, lambda: ["a", "b"])
+    assert capsys.readouterr().out == "a\nb\n"
+
+
+def test_common_is_not_listed_as_a_benchmark() -> None:
+    assert "common" not in available() and "ddp" in available()
