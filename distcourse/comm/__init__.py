@@ -37,9 +37,8 @@ from distcourse.comm.ring import (
     ring_all_gather,
     ring_all_reduce,
     ring_reduce_scatter,
-    tree_broadcast,
 )
-from distcourse.comm.tree import tree_all_reduce, tree_reduce
+from distcourse.comm.tree import tree_all_reduce, tree_broadcast, tree_reduce
 
 __all__ = [
     "Cost", "Ledger", "Members", "Record", "agree", "all_gather_along",

@@ -77,6 +77,12 @@ def reduce_fn(index: int) -> Callable[..., Tensor]:
     return list(REDUCE_OPS.values())[index]
 
 
+def copy_back(tensor: Tensor, flat: Tensor) -> None:
+    """Write `flat` (made by tensor.reshape(-1)) back, where reshape made a copy."""
+    if not tensor.is_contiguous():  # reshape(-1) made a copy, not a view
+        tensor.copy_(flat.view(tensor.shape))
+
+
 def _call_id(name: str) -> int:
     key = zlib.crc32(name.encode()) & 0x7FFFFFFF
     _NAMES[key] = name

@@ -19,6 +19,7 @@ from distcourse.comm.agree import (
     Group,
     Members,
     agree,
+    copy_back,
     members,
     reduce_fn,
     reduce_op,
@@ -139,11 +140,6 @@ def _all_gather_ring(chunks: list, g: Members) -> None:
     _stream(sends, recvs, g, send_ahead=count, recv_ahead=len(recvs))
 
 
-def _copy_back(tensor: Tensor, flat: Tensor) -> None:
-    if not tensor.is_contiguous():  # reshape(-1) made a copy, not a view
-        tensor.copy_(flat.view(tensor.shape))
-
-
 def ring_all_reduce(
     tensor: Tensor, op: object = SUM, group: Group = None, check: bool = True
 ) -> Tensor:
@@ -162,7 +158,7 @@ def ring_all_reduce(
         chunks = list(torch.tensor_split(flat, g.size))  # N views, uneven allowed
         _reduce_scatter_ring(chunks, g, reduce)
         _all_gather_ring(chunks, g)
-    _copy_back(tensor, flat)
+    copy_back(tensor, flat)
     return tensor
 
 
@@ -192,7 +188,7 @@ def ring_all_gather(
     if tensor.numel():
         _all_gather_ring(slots, g)
     for out, flat in zip(outs, flats, strict=True):
-        _copy_back(out, flat)
+        copy_back(out, flat)
     return output
 
 
@@ -225,37 +221,6 @@ def ring_reduce_scatter(
     return output
 
 
-def tree_broadcast(
-    tensor: Tensor, src: int = 0, group: Group = None, check: bool = True
-) -> Tensor:
-    """Copy `src`'s tensor to every rank along a binomial tree: ceil(log2 N) rounds.
-
-    In round k, every rank that has the data sends it 2**k places on, so the number of
-    holders doubles. `src` is a rank in `group` (the global rank for the default
-    group). `check` as in ring_all_reduce.
-    """
-    g = members(group, "tree_broadcast")
-
-    def local() -> int:
-        if not isinstance(src, int) or not 0 <= src < g.size:
-            raise ValueError(f"tree_broadcast: src={src!r} is out of range: valid "
-                             f"ranks are 0..{g.size - 1}")  # fmt: skip
-        return src
-
-    agree("tree_broadcast", tensor, group, local, "src", check)
-    flat = tensor.reshape(-1)
-    me = (g.rank - src) % g.size  # my place in the tree; the source is 0
-    mask = 1
-    while mask < g.size and flat.numel():
-        if me < mask and me + mask < g.size:
-            dist.isend(flat, g.peer(mask), group=g.group).wait()
-        elif mask <= me < 2 * mask:
-            dist.irecv(flat, g.peer(-mask), group=g.group).wait()
-        mask *= 2
-    _copy_back(tensor, flat)
-    return tensor
-
-
 def naive_all_reduce(
     tensor: Tensor, op: object = SUM, group: Group = None, check: bool = True
 ) -> Tensor:
@@ -278,5 +243,5 @@ def naive_all_reduce(
     elif flat.numel():
         dist.isend(flat, g.ranks[0], group=g.group).wait()
         dist.irecv(flat, g.ranks[0], group=g.group).wait()
-    _copy_back(tensor, flat)
+    copy_back(tensor, flat)
     return tensor

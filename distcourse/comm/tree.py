@@ -3,8 +3,9 @@
 A tree takes 2 * ceil(log2 N) rounds where a ring takes 2(N-1) steps, so it pays
 fewer latencies alpha; but every round moves the whole tensor, so the root sends
 ceil(log2 N) * S bytes against 2(N-1)/N * S per rank for the ring. Libraries use
-trees for small messages and rings for large ones. The broadcast half is
-`ring.tree_broadcast`; `costmodel.sent_per_rank` says what each rank must send.
+trees for small messages and rings for large ones. The broadcast half,
+`tree_broadcast`, doubles the holders each round; `costmodel.sent_per_rank`
+says what each rank must send.
 """
 
 from __future__ import annotations
@@ -13,8 +14,46 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from distcourse.comm.agree import SUM, Group, agree, members, reduce_fn, reduce_op
-from distcourse.comm.ring import tree_broadcast
+from distcourse.comm.agree import (
+    SUM,
+    Group,
+    agree,
+    copy_back,
+    members,
+    reduce_fn,
+    reduce_op,
+)  # fmt: skip
+
+
+def tree_broadcast(
+    tensor: Tensor, src: int = 0, group: Group = None, check: bool = True
+) -> Tensor:
+    """Copy `src`'s tensor to every rank along a binomial tree: ceil(log2 N) rounds.
+
+    In round k, every rank that has the data sends it 2**k places on, so the number of
+    holders doubles. `src` is a rank in `group` (the global rank for the default
+    group). `check` as in ring.ring_all_reduce.
+    """
+    g = members(group, "tree_broadcast")
+
+    def local() -> int:
+        if not isinstance(src, int) or not 0 <= src < g.size:
+            raise ValueError(f"tree_broadcast: src={src!r} is out of range: valid "
+                             f"ranks are 0..{g.size - 1}")  # fmt: skip
+        return src
+
+    agree("tree_broadcast", tensor, group, local, "src", check)
+    flat = tensor.reshape(-1)
+    me = (g.rank - src) % g.size  # my place in the tree; the source is 0
+    mask = 1
+    while mask < g.size and flat.numel():
+        if me < mask and me + mask < g.size:
+            dist.isend(flat, g.peer(mask), group=g.group).wait()
+        elif mask <= me < 2 * mask:
+            dist.irecv(flat, g.peer(-mask), group=g.group).wait()
+        mask *= 2
+    copy_back(tensor, flat)
+    return tensor
 
 
 def tree_reduce(
