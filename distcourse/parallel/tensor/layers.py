@@ -22,6 +22,7 @@ naming both numbers) and each forward agrees on shapes across ranks first
 from __future__ import annotations
 
 import math
+from typing import Self
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +66,50 @@ def _init(weight: Tensor, bias: Tensor | None, fan_in: int) -> None:
             bias.uniform_(-bound, bound)
 
 
-class ColumnParallelLinear(nn.Module):
+class ShardedLinear(nn.Module):
+    """What both parallel linears share: built from, and turned back into, nn.Linear.
+
+    A subclass keeps its slice in `weight` (and `bias`) and says how a full state
+    dict is cut (`load_full_state_dict`) and gathered (`full_state_dict`).
+    """
+
+    in_features: int
+    out_features: int
+
+    @classmethod
+    def from_linear(
+        cls, linear: nn.Linear, group: Group = None, **options: object
+    ) -> Self:
+        """This rank's slice of `linear` (which is left unchanged)."""
+        out, inp = linear.weight.shape
+        layer = cls(inp, out, linear.bias is not None, group=group,
+                    dtype=linear.weight.dtype, **options)  # fmt: skip
+        layer.load_full_state_dict(linear.state_dict())
+        return layer
+
+    def full_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The whole layer's parameter shapes, as nn.Linear holds them."""
+        shapes = {"weight": (self.out_features, self.in_features)}
+        if self.bias is not None:
+            shapes["bias"] = (self.out_features,)
+        return shapes
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
+        raise NotImplementedError
+
+    def to_linear(self) -> nn.Linear:
+        """The whole layer as one nn.Linear (a collective: every rank calls it)."""
+        state = self.full_state_dict()
+        linear = nn.Linear(self.in_features, self.out_features, self.bias is not None,
+                           dtype=self.weight.dtype)  # fmt: skip
+        linear.load_state_dict(state)
+        return linear
+
+
+class ColumnParallelLinear(ShardedLinear):
     """y = x W^T + b with W's rows (output features) split across the ranks of `group`.
 
     Input: the whole x (B, ..., in_features), replicated; or, with sequence_parallel,
@@ -88,17 +132,6 @@ class ColumnParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(local, in_features, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(local, dtype=dtype)) if bias else None
         _init(self.weight, self.bias, in_features)
-
-    @classmethod
-    def from_linear(
-        cls, linear: nn.Linear, group: Group = None, **options: object
-    ) -> ColumnParallelLinear:
-        """This rank's rows of `linear` (which is left unchanged)."""
-        out, inp = linear.weight.shape
-        layer = cls(inp, out, linear.bias is not None, group=group,
-                    dtype=linear.weight.dtype, **options)  # fmt: skip
-        layer.load_full_state_dict(linear.state_dict())
-        return layer
 
     def enter(self, x: Tensor) -> Tensor:
         """The input's way in: Megatron's f, or all_gather_along with sequence_parallel.
@@ -146,21 +179,11 @@ class ColumnParallelLinear(nn.Module):
     def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
         """Keep this rank's rows of a full state dict (no messages)."""
         n, r = self.tp.size, self.tp.rank
-        shapes = {"weight": (self.out_features, self.in_features)}
-        if self.bias is not None:
-            shapes["bias"] = (self.out_features,)
+        shapes = self.full_shapes()
         check_keys("ColumnParallelLinear", state, shapes)
         with torch.no_grad():
             for key, param in self.state_dict(keep_vars=True).items():
                 param.copy_(state[key].chunk(n, 0)[r])
-
-    def to_linear(self) -> nn.Linear:
-        """The whole layer as one nn.Linear (a collective: every rank calls it)."""
-        state = self.full_state_dict()
-        linear = nn.Linear(self.in_features, self.out_features, self.bias is not None,
-                           dtype=self.weight.dtype)  # fmt: skip
-        linear.load_state_dict(state)
-        return linear
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features} "
@@ -169,7 +192,7 @@ class ColumnParallelLinear(nn.Module):
                 f"sequence_parallel={self.sequence_parallel}")  # fmt: skip
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(ShardedLinear):
     """y = x W^T + b with W's columns (input features) split across the ranks.
 
     Input: this rank's in_features / N features (a ColumnParallelLinear's output), or
@@ -196,17 +219,6 @@ class RowParallelLinear(nn.Module):
         full = torch.empty(out_features, dtype=dtype)  # added once, after the sum
         self.bias = nn.Parameter(full) if bias else None
         _init(self.weight, self.bias, in_features)
-
-    @classmethod
-    def from_linear(
-        cls, linear: nn.Linear, group: Group = None, **options: object
-    ) -> RowParallelLinear:
-        """This rank's columns of `linear` (the bias whole); `linear` is unchanged."""
-        out, inp = linear.weight.shape
-        layer = cls(inp, out, linear.bias is not None, group=group,
-                    dtype=linear.weight.dtype, **options)  # fmt: skip
-        layer.load_full_state_dict(linear.state_dict())
-        return layer
 
     def _check_input(self, x: Tensor) -> None:
         """Agree on x's shape across ranks; a full input where a slice belongs is an
@@ -258,21 +270,12 @@ class RowParallelLinear(nn.Module):
 
     def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
         """Keep this rank's columns of a full state dict (no messages)."""
-        shapes = {"weight": (self.out_features, self.in_features)}
-        if self.bias is not None:
-            shapes["bias"] = (self.out_features,)
+        shapes = self.full_shapes()
         check_keys("RowParallelLinear", state, shapes)
         with torch.no_grad():
             self.weight.copy_(state["weight"].chunk(self.tp.size, 1)[self.tp.rank])
             if self.bias is not None:
                 self.bias.copy_(state["bias"])
-
-    def to_linear(self) -> nn.Linear:
-        """The whole layer as one nn.Linear (a collective: every rank calls it)."""
-        linear = nn.Linear(self.in_features, self.out_features, self.bias is not None,
-                           dtype=self.weight.dtype)  # fmt: skip
-        linear.load_state_dict(self.full_state_dict())
-        return linear
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features} ({self.weight.shape[1]} on this rank "
