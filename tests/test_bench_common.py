@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from distcourse.bench import common
 from distcourse.bench.__main__ import available
+from distcourse.launch import spawn
 
 ROWS = [
     dict(ranks=2, implementation="torch", step_ms=2.0, vs_torch=1.0),
@@ -42,3 +44,18 @@ def test_report_prints_json_or_text(capsys: pytest.CaptureFixture) -> None:
 
 def test_common_is_not_listed_as_a_benchmark() -> None:
     assert {"common", "__main__"}.isdisjoint(available()) and "ddp" in available()
+
+
+def _two_steps() -> list[list[float]]:
+    fast, slow = (lambda: None), (lambda: time.sleep(0.002))
+    return common.time_rounds([fast, slow], warmup=1, count=4)
+
+
+def test_time_rounds_times_each_step_on_real_ranks_and_rows_give_ratios() -> None:
+    times = spawn(_two_steps, 2)
+    assert times[0] == times[1]  # every rank holds the slowest rank's times
+    assert [len(t) for t in times[0]] == [4, 4]
+    assert min(times[0][1]) >= 0.002 > max(times[0][0])
+    table = common.rows(2, ["fast", "slow"], times[0], reference=0)
+    assert [r["implementation"] for r in table] == ["fast", "slow"]
+    assert table[0]["vs_torch"] == 1.0 and table[1]["vs_torch"] > 1.0

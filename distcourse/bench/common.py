@@ -2,14 +2,21 @@
 
 Not a benchmark itself (`python -m distcourse.bench` lists only the others). A
 benchmark builds its parser with `parser`, looks up ratios with `ratio_of`, and ends
-with `report`: one JSON object for `--json`, otherwise its own text lines.
+with `report`: one JSON object for `--json`, otherwise its own text lines. On the
+ranks, `time_rounds` times the implementations back to back, and `rows` turns the
+times into table rows with ratios against the reference measured in the same rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import time
 from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
 
 
 def parser(name: str, description: str, quick: str) -> argparse.ArgumentParser:
@@ -46,3 +53,40 @@ def report(result: dict, as_json: bool, text: Callable[[], list[str]]) -> int:
     """Print `result` as one JSON object, or the lines `text()` makes; exit code 0."""
     print(json.dumps(result) if as_json else "\n".join(text()))
     return 0
+
+
+def time_rounds(
+    steps: Sequence[Callable[[], object]], warmup: int, count: int
+) -> list[list[float]]:
+    """On every rank: seconds per step, [implementation][step], the slowest rank's.
+
+    Each round runs every step once, in an order that rotates through all orders, so
+    none always runs first (warm caches) or last; a barrier starts each step.
+    """
+    orders = list(itertools.permutations(range(len(steps))))
+    times = torch.zeros(len(steps), count, dtype=torch.float64)
+    for i in range(warmup + count):
+        for k in orders[i % len(orders)]:
+            dist.barrier()
+            start = time.perf_counter()
+            steps[k]()
+            if i >= warmup:
+                times[k, i - warmup] = time.perf_counter() - start
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step lasts as its slowest rank
+    return times.tolist()
+
+
+def rows(world: int, names: Sequence[str], times: Sequence, reference: int) -> list:
+    """One table row per implementation: median step time, and `vs_torch`, the median
+    over rounds of (its time / the reference's in the same round): they ran back to
+    back, so slow drifts in load cancel out."""
+    measured = torch.tensor(times)  # [implementation, step], seconds
+    base = measured[reference]
+    return [
+        dict(
+            ranks=world, implementation=name,
+            step_ms=round(1000 * mine.median().item(), 3),
+            vs_torch=round((mine / base).median().item(), 3),
+        )
+        for name, mine in zip(names, measured, strict=True)
+    ]  # fmt: skip

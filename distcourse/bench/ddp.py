@@ -11,13 +11,10 @@ median over steps of the slowest rank's time.
 from __future__ import annotations
 
 import copy
-import itertools
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -81,18 +78,7 @@ def _measure(cfg: Config, bucket_mb: float) -> list[list[float]]:
         _make_step(name, copy.deepcopy(base), x, y, bucket_mb)
         for name in IMPLEMENTATIONS
     ]
-    orders = list(itertools.permutations(range(len(steps))))
-    times = torch.zeros(len(steps), cfg.steps, dtype=torch.float64)
-    for i in range(cfg.warmup + cfg.steps):
-        for k in orders[i % len(orders)]:
-            dist.barrier()
-            start = time.perf_counter()
-            steps[k]()
-            if i >= cfg.warmup:
-                times[k, i - cfg.warmup] = time.perf_counter() - start
-    # a step lasts as long as its slowest rank
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    return times.tolist()
+    return common.time_rounds(steps, cfg.warmup, cfg.steps)
 
 
 def run(cfg: Config, bucket_mb: float = BUCKET_MB) -> list[dict]:
@@ -103,18 +89,9 @@ def run(cfg: Config, bucket_mb: float = BUCKET_MB) -> list[dict]:
     """
     rows = []
     for world in cfg.worlds:
-        by_rank = spawn(_measure, world, cfg, bucket_mb, deadline=300)
-        times = torch.tensor(by_rank[0])  # [implementation, step], seconds
-        reference = times[IMPLEMENTATIONS.index("torch DDP")]
-        for name, mine in zip(IMPLEMENTATIONS, times, strict=True):
-            rows.append(
-                dict(
-                    ranks=world,
-                    implementation=name,
-                    step_ms=round(1000 * mine.median().item(), 3),
-                    vs_torch=round((mine / reference).median().item(), 3),
-                )
-            )
+        times = spawn(_measure, world, cfg, bucket_mb, deadline=300)[0]
+        reference = IMPLEMENTATIONS.index("torch DDP")
+        rows += common.rows(world, IMPLEMENTATIONS, times, reference)
     return rows
 
 

@@ -18,7 +18,6 @@ average is reported beside it: the machine may be shared.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
@@ -105,16 +104,8 @@ def _measure(cfg: Config) -> dict:
     steps = [_dtensor_step(cfg), _our_step(cfg)]
     outs = [s() for s in steps]
     same = torch.allclose(outs[0], outs[1], rtol=1e-4, atol=1e-3)
-    times = torch.zeros(len(steps), cfg.steps, dtype=torch.float64)
-    for i in range(cfg.warmup + cfg.steps):
-        for k in (0, 1) if i % 2 == 0 else (1, 0):
-            dist.barrier()
-            start = time.perf_counter()
-            steps[k]()
-            if i >= cfg.warmup:
-                times[k, i - cfg.warmup] = time.perf_counter() - start
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    return dict(times=times.tolist(), same=same)
+    times = common.time_rounds(steps, cfg.warmup, cfg.steps)
+    return dict(times=times, same=same)
 
 
 def run(cfg: Config) -> dict:

@@ -13,8 +13,6 @@ time, and of our time / torch's in the same round.
 from __future__ import annotations
 
 import copy
-import itertools
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
@@ -84,17 +82,7 @@ def _measure(cfg: Config) -> list[list[float]]:
         ParallelMLP.from_module(mlp, check=False),
     ]
     steps = [_make_step(m, x) for m in modules]
-    orders = list(itertools.permutations(range(len(steps))))
-    times = torch.zeros(len(steps), cfg.steps, dtype=torch.float64)
-    for i in range(cfg.warmup + cfg.steps):
-        for k in orders[i % len(orders)]:
-            dist.barrier()
-            start = time.perf_counter()
-            steps[k]()
-            if i >= cfg.warmup:
-                times[k, i - cfg.warmup] = time.perf_counter() - start
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step lasts as its slowest rank
-    return times.tolist()
+    return common.time_rounds(steps, cfg.warmup, cfg.steps)
 
 
 def run(cfg: Config) -> list[dict]:
@@ -105,16 +93,8 @@ def run(cfg: Config) -> list[dict]:
     """
     rows = []
     for world in cfg.worlds:
-        times = torch.tensor(spawn(_measure, world, cfg, deadline=600)[0])
-        reference = times[0]
-        for name, mine in zip(IMPLEMENTATIONS, times, strict=True):
-            rows.append(
-                dict(
-                    ranks=world, implementation=name,
-                    step_ms=round(1000 * mine.median().item(), 3),
-                    vs_torch=round((mine / reference).median().item(), 3),
-                )
-            )  # fmt: skip
+        times = spawn(_measure, world, cfg, deadline=600)[0]
+        rows += common.rows(world, IMPLEMENTATIONS, times, reference=0)
     return rows
 
 
