@@ -13,14 +13,17 @@ tensor subclass, so nn modules, autograd and torch.optim run on it unchanged.
 """
 
 # importing rules, reductions and move registers them
-from distcourse.global_tensor import move, reductions, rules, sbp
+from distcourse.global_tensor import layouts, move, reductions, rules, sbp
 from distcourse.global_tensor.create import full, ones, randn, to_global, zeros
 from distcourse.global_tensor.debug import DebugLog, debug
 from distcourse.global_tensor.io import load, save
+from distcourse.global_tensor.layouts import parallelize
 from distcourse.global_tensor.placement import Placement, placement
+from distcourse.global_tensor.stages import Stages
 from distcourse.global_tensor.tensor import GlobalTensor
 
 __all__ = [
-    "DebugLog", "GlobalTensor", "Placement", "debug", "full", "load", "move", "ones",
-    "placement", "randn", "reductions", "rules", "save", "sbp", "to_global", "zeros",
+    "DebugLog", "GlobalTensor", "Placement", "Stages", "debug", "full", "layouts",
+    "load", "move", "ones", "parallelize", "placement", "randn", "reductions", "rules",
+    "save", "sbp", "to_global", "zeros",
 ]  # fmt: skip
