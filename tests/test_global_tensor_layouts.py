@@ -2,7 +2,8 @@
 MLP on a 2 x 2 placement, one signature per tensor, equals one process (loss and
 every gradient) and chapter 4's tensor-parallel modules (ParallelMLP on the mesh
 rows' groups, gradients all-reduced over its columns) on the same weights; its
-bytes per step equal the formula; bad input raises before any message.
+bytes per step equal layouts.mlp_step_bytes (and hand-counted numbers); bad input
+raises before any message.
 
 Tolerance 1e-6 (float32, values of order 1: a few ulps of the sums' reordering).
 """
@@ -18,21 +19,12 @@ import distcourse.global_tensor as gt
 from distcourse.comm.ledger import Ledger
 from distcourse.examples.gpt import MLP
 from distcourse.global_tensor import layouts
+from distcourse.global_tensor.layouts import mlp_step_bytes
 from distcourse.launch import spawn
 from distcourse.parallel.tensor import ParallelMLP
 
 TOL = 1e-6
 C, ROWS = 8, 12  # MLP(8): fc Linear(8, 32), proj Linear(32, 8); a batch of 12 rows
-
-
-def step_bytes(rows: int, c: int, hidden: int, dp: int, tp: int) -> int:
-    """Bytes one rank sends in a step of the DP x TP MLP, float32, output boxed to
-    DATA before the loss: the row layer's all_reduce of this rank's rows (P -> B on
-    mesh dim 1), then each gradient's all_reduce over mesh dim 0 (P -> B): proj's
-    bias and weight columns, fc's weight rows and bias."""
-    tp_bytes = rows // dp * c * 4
-    dp_bytes = 4 * (c + c * hidden // tp + hidden // tp * c + hidden // tp)
-    return tp_bytes + dp_bytes
 
 
 def _dp_tp() -> dict:
@@ -46,11 +38,16 @@ def _dp_tp() -> dict:
     gt.parallelize(model, p, layouts.dp_tp_plan(model, ["fc"], ["proj"]))
     torch.manual_seed(1)
     x, y = torch.randn(ROWS, C), torch.randn(ROWS, C)
+    xg, yg = layouts.cut(x, p, layouts.DATA), layouts.cut(y, p, layouts.DATA)
+    with Ledger() as unboxed:  # the loss boxes the P output, its backward again
+        F.mse_loss(model(xg), yg).backward()
+    model.zero_grad()
     with Ledger() as ledger:
-        out = model(layouts.cut(x, p, layouts.DATA)).to_global(sbp=layouts.DATA)
-        loss = F.mse_loss(out, layouts.cut(y, p, layouts.DATA))
+        out = model(xg).to_global(sbp=layouts.DATA)
+        loss = F.mse_loss(out, yg)
         loss.backward()
     got = {"loss": loss.item(), "bytes": ledger.bytes_sent()}
+    got["unboxed"] = unboxed.bytes_sent()
     ref = F.mse_loss(one(x), y)  # one process
     ref.backward()
     mine = x.tensor_split(2)[p.coord[0]], y.tensor_split(2)[p.coord[0]]
@@ -84,7 +81,9 @@ def test_dp_x_tp_equals_one_process_and_the_module_version() -> None:
         assert len(diffs) == 10 and all(v <= TOL for v in diffs.values()), diffs
         # 6 rows x 8 x 4 = 192 bytes on the TP all_reduce, 4 * (8 + 128 + 128 + 16)
         # = 1120 on the DP all_reduces
-        assert got["bytes"] == step_bytes(ROWS, C, 4 * C, 2, 2) == 1312, rank
+        assert got["bytes"] == mlp_step_bytes(ROWS, C, 4 * C, 2, 2) == 1312, rank
+        want = mlp_step_bytes(ROWS, C, 4 * C, 2, 2, boxed=False)
+        assert got["unboxed"] == want == 1312 + 192, rank
 
 
 def _errors() -> list[str]:

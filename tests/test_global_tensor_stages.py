@@ -2,8 +2,8 @@
 on its own 2 x 2 placement ([[0, 1], [2, 3]] and [[4, 5], [6, 7]]), activations
 moved between them by to_global. Three SGD steps of 2 micro-batches equal one
 process (losses, every gradient, every parameter, tolerance 1e-6); the bytes of a
-step equal the formula derived below on every rank; bad input raises before any
-message.
+step equal stages.pipeline_mlp_bytes (and hand-counted numbers) on every rank; bad
+input raises before any message.
 """
 
 from __future__ import annotations
@@ -16,29 +16,11 @@ import distcourse.global_tensor as gt
 from distcourse.comm.ledger import Ledger
 from distcourse.examples.gpt import MLP
 from distcourse.global_tensor import layouts
+from distcourse.global_tensor.stages import pipeline_mlp_bytes
 from distcourse.launch import spawn
 
 TOL = 1e-6
 C, ROWS, MICRO, STEPS = 8, 8, 2, 3
-
-
-def step_bytes(stage: int, rows: int, c: int, hidden: int, m: int) -> int:
-    """Bytes one rank sends in a step (2 x 2 placements, float32), derived from the
-    ops: a = this rank's piece of one micro-batch's activation (rows / m / 2 rows).
-
-    stage 0, per micro-batch: the row layer's all_reduce (a), the move's all_gather
-      on mesh dim 0 (8 + a) and its send (header 80 + a); in backward, the ack of
-      the gradient's receive (80): 3a + 168.
-    stage 1, per micro-batch: the ack of the activation's receive (80), the row
-      layer's all_reduce (a); in backward, the column layer's input gradient P -> B
-      (a: Megatron's f), the all_gather (8 + a) and send (80 + a) of the move back;
-      and the loss's P -> B for `.item()` (4): 4a + 172.
-    both, per micro-batch: each parameter gradient's all_reduce over mesh dim 0.
-    """
-    a = rows // m // 2 * c * 4
-    dp = 4 * (c + 2 * c * hidden // 2 + hidden // 2)
-    per_micro = 3 * a + 168 if stage == 0 else 4 * a + 172
-    return m * (per_micro + dp)
 
 
 def _pipeline() -> dict:
@@ -93,11 +75,16 @@ def test_two_stages_of_2x2_equal_one_process() -> None:
             assert got["losses"] == [None] * STEPS
         assert got["grads"] <= TOL and got["params"] <= TOL, got
         assert got["sbp"]["fc.weight"] == ("(B, S(0))", "(B, S(0))")
-        want = step_bytes(stage, ROWS, C, 4 * C, MICRO)
+        want = pipeline_mlp_bytes(stage, 2, ROWS, C, 4 * C, 2, 2, MICRO)
         assert got["bytes"] == want, (rank, got["bytes"], want)
-    # hand-counted for stage 0: a = 2 rows x 8 x 4 = 64; per micro-batch
-    # 3 x 64 + 168 + 4 x (8 + 128 + 128 + 16) = 1480, twice
-    assert step_bytes(0, ROWS, C, 4 * C, MICRO) == 2960
+    # hand-counted, a = 2 rows x 8 x 4 = 64 bytes; gradients 4 x (8 + 128 + 128 +
+    # 16) = 1120; stage 0 per micro-batch: a (row layer) + 8 + a + 80 + a (move)
+    # + 80 (ack) + 1120 = 1480, stage 1: 80 + a + a + 8 + a + 80 + a + 4 + 1120
+    # = 1548; two micro-batches
+    assert [pipeline_mlp_bytes(k, 2, ROWS, C, 4 * C, 2, 2, MICRO) for k in (0, 1)] == [
+        2960,
+        3096,
+    ]
 
 
 def _errors() -> list[str]:

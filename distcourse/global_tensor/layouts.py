@@ -148,3 +148,22 @@ def cut(whole: Tensor, placement: Placement, sbp: Any) -> GlobalTensor:
     coord = placement.require_member("cut")
     piece = local_piece(whole, sig, placement.hierarchy, coord)
     return GlobalTensor(piece.to(placement.device), placement, sig, tuple(whole.shape))
+
+
+def mlp_step_bytes(
+    rows: int, c: int, hidden: int, dp: int, tp: int, *, boxed: bool = True,
+    item: int = 4,
+) -> int:  # fmt: skip
+    """Bytes one rank sends (as the Ledger counts) in a forward and backward of an
+    MLP Linear(c, hidden) -> GELU -> Linear(hidden, c) under dp_tp_plan on a
+    dp x tp placement (dp, tp >= 2), input `rows` x c under DATA, no input gradient.
+
+    The row layer's output is (S(0), P): one all_reduce of this rank's rows on mesh
+    dim 1 when it is boxed to DATA (`boxed`); unboxed, the loss boxes it in forward
+    and its backward boxes the saved P output again: two. Then each parameter's
+    gradient arrives P on mesh dim 0 and is all_reduced there: proj's bias (c) and
+    weight columns (c x hidden / tp), fc's weight rows and bias (hidden / tp each).
+    """
+    act = rows // dp * c * item
+    grads = item * (c + 2 * c * hidden // tp + hidden // tp)
+    return act * (1 if boxed else 2) + grads

@@ -32,7 +32,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from distcourse.global_tensor.layouts import DATA, check_plan, cut, parallelize
+from distcourse.comm.p2p import HEADER_LEN
+from distcourse.global_tensor.layouts import (
+    DATA,
+    check_plan,
+    cut,
+    mlp_step_bytes,
+    parallelize,
+)
 from distcourse.global_tensor.move import absent
 from distcourse.global_tensor.placement import Placement
 from distcourse.global_tensor.sbp import Signature, Split, signature
@@ -143,3 +150,32 @@ class Stages:
         if self.stage != self.last:
             return None
         return sum(h.detach().full_tensor().item() for h in held)
+
+
+def pipeline_mlp_bytes(
+    stage: int, stages: int, rows: int, c: int, hidden: int, dp: int, tp: int,
+    micro_batches: int, item: int = 4,
+) -> int:  # fmt: skip
+    """Bytes one rank of `stage` sends in a Stages.step of MLP stages (each under
+    dp_tp_plan on a dp x tp placement), as the Ledger counts them.
+
+    Per micro-batch, with a = this rank's piece of the activation (rows / m / dp
+    rows of c) and h = a p2p header or ack (80 bytes):
+      every stage   mlp_step_bytes: the row layer's all_reduce, the gradients'
+      sending on    the move: all_gather on mesh dim 0 (8 + a), the send (h + a);
+                    in backward, the ack of the gradient's receive (h)
+      receiving     the ack of the activation's receive (h); in backward, the input
+                    gradient's P -> B (a: Megatron's f), all_gather (8 + a), send
+                    (h + a)
+      the last      the loss's all_reduce for `.item()` (item bytes)
+    """
+    m, h = micro_batches, HEADER_LEN * 8
+    a = rows // m // dp * c * item
+    total = mlp_step_bytes(rows // m, c, hidden, dp, tp, item=item)
+    if stage < stages - 1:
+        total += 8 + a + h + a + h
+    if stage > 0:
+        total += h + a + 8 + a + h + a
+    if stage == stages - 1:
+        total += item
+    return m * total
