@@ -1,0 +1,130 @@
+"""distcourse.global_tensor.layouts on 4 real gloo ranks: the DP x TP layout of an
+MLP on a 2 x 2 placement, one signature per tensor, equals one process (loss and
+every gradient) and chapter 4's tensor-parallel modules (ParallelMLP on the mesh
+rows' groups, gradients all-reduced over its columns) on the same weights; its
+bytes per step equal layouts.mlp_step_bytes (and hand-counted numbers); bad input
+raises before any message.
+
+Tolerance 1e-6 (float32, values of order 1: a few ulps of the sums' reordering).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import distcourse.global_tensor as gt
+from distcourse.comm.ledger import Ledger
+from distcourse.examples.gpt import MLP
+from distcourse.global_tensor import layouts
+from distcourse.global_tensor.layouts import mlp_step_bytes
+from distcourse.launch import spawn
+from distcourse.parallel.tensor import ParallelMLP
+
+TOL = 1e-6
+C, ROWS = 8, 12  # MLP(8): fc Linear(8, 32), proj Linear(32, 8); a batch of 12 rows
+
+
+def _dp_tp() -> dict:
+    torch.set_num_threads(1)
+    p = gt.placement("cpu", ranks=[[0, 1], [2, 3]])
+    torch.manual_seed(0)
+    one = MLP(C)
+    model = MLP(C)
+    model.load_state_dict(one.state_dict())
+    module = ParallelMLP.from_module(one, group=p.groups[1])  # TP along the rows
+    gt.parallelize(model, p, layouts.dp_tp_plan(model, ["fc"], ["proj"]))
+    torch.manual_seed(1)
+    x, y = torch.randn(ROWS, C), torch.randn(ROWS, C)
+    xg, yg = layouts.cut(x, p, layouts.DATA), layouts.cut(y, p, layouts.DATA)
+    with Ledger() as unboxed:  # the loss boxes the P output, its backward again
+        F.mse_loss(model(xg), yg).backward()
+    model.zero_grad()
+    with Ledger() as ledger:
+        out = model(xg).to_global(sbp=layouts.DATA)
+        loss = F.mse_loss(out, yg)
+        loss.backward()
+    got = {"loss": loss.item(), "bytes": ledger.bytes_sent()}
+    got["unboxed"] = unboxed.bytes_sent()
+    ref = F.mse_loss(one(x), y)  # one process
+    ref.backward()
+    mine = x.tensor_split(2)[p.coord[0]], y.tensor_split(2)[p.coord[0]]
+    part = F.mse_loss(module(mine[0]), mine[1])  # chapter 4's modules, DP by hand
+    part.backward()
+    for q in module.parameters():
+        dist.all_reduce(q.grad, group=p.groups[0])
+        q.grad /= 2
+    dist.all_reduce(part.detach(), group=p.groups[0])
+    got["d_loss_one"] = abs(got["loss"] - ref.item())
+    got["d_loss_module"] = abs(got["loss"] - part.item() / 2)
+    theirs = dict(module.named_parameters())
+    for name, q in model.named_parameters():
+        want = dict(one.named_parameters())[name].grad
+        got[f"one {name}"] = (q.grad.full_tensor() - want).abs().max().item()
+        piece = theirs[name].grad  # this rank's shard in the module version
+        got[f"module {name}"] = (q.grad.to_local() - piece).abs().max().item()
+    got["sbp"] = layouts.signatures(model)
+    return got
+
+
+def test_dp_x_tp_equals_one_process_and_the_module_version() -> None:
+    for rank, got in enumerate(spawn(_dp_tp, 4, timeout=60)):
+        assert got["sbp"] == {
+            "fc.weight": ("(B, S(0))", "(B, S(0))"),
+            "fc.bias": ("(B, S(0))", "(B, S(0))"),
+            "proj.weight": ("(B, S(1))", "(B, S(1))"),
+            "proj.bias": ("(B, B)", "(B, B)"),
+        }
+        diffs = {k: v for k, v in got.items() if k.startswith(("d_", "one", "mod"))}
+        assert len(diffs) == 10 and all(v <= TOL for v in diffs.values()), diffs
+        # 6 rows x 8 x 4 = 192 bytes on the TP all_reduce, 4 * (8 + 128 + 128 + 16)
+        # = 1120 on the DP all_reduces
+        assert got["bytes"] == mlp_step_bytes(ROWS, C, 4 * C, 2, 2) == 1312, rank
+        want = mlp_step_bytes(ROWS, C, 4 * C, 2, 2, boxed=False)
+        assert got["unboxed"] == want == 1312 + 192, rank
+
+
+def _errors() -> list[str]:
+    p = gt.placement("cpu", ranks=[[0, 1], [2, 3]])
+    B, P = gt.sbp.broadcast, gt.sbp.partial_sum
+    S0, S2 = gt.sbp.split(0), gt.sbp.split(2)
+    odd = nn.Linear(8, 5)
+    cases = {
+        "world": lambda: gt.placement("cpu", ranks=[[0, 1], [2, 5]]),
+        "divide": lambda: gt.parallelize(odd, p, {"weight": (B, S0), "bias": (B, B)}),
+        "range": lambda: gt.parallelize(odd, p, {"weight": (B, S2), "bias": (B, B)}),
+        "partial": lambda: gt.parallelize(odd, p, {"weight": (P, B), "bias": (B, B)}),
+        "ndim": lambda: gt.parallelize(odd, p, {"weight": S0, "bias": (B, B)}),
+        "missing": lambda: gt.parallelize(odd, p, {"weight": (B, B)}),
+        "unknown": lambda: gt.parallelize(
+            odd, p, {"weight": (B, B), "bias": (B, B), "fc.weight": (B, B)}
+        ),  # fmt: skip
+        "linear": lambda: layouts.dp_tp_plan(MLP(8), column=["drop"]),
+        "type": lambda: gt.parallelize(odd, [[0, 1], [2, 3]], {}),
+    }
+    got = []
+    for name, fn in cases.items():
+        try:
+            fn()
+            got.append(f"{name}: no error")
+        except (ValueError, TypeError) as err:
+            got.append(f"{name}: {err}")
+    return got
+
+
+def test_bad_input_raises_on_every_rank_before_any_message() -> None:
+    for lines in spawn(_errors, 4, timeout=10):
+        text = "\n".join(lines)
+        assert "no error" not in text, text
+        for words in ("placement ranks [5] are not ranks of this world",
+                      "weight: (B, S(0)) splits dim 0 of shape [5, 8] 2 ways, but 5",
+                      "split(2) is out of range for a 2-d tensor",
+                      "weight: a parameter cannot be a partial sum",
+                      "the placement is 2-D: give one SBP per mesh dimension",
+                      "plan gives no signature for ['bias']",
+                      "plan names ['fc.weight'], which are not parameters",
+                      "'drop' must name an nn.Linear of the model, it names Dropout",
+                      "placement must be a Placement"):  # fmt: skip
+            assert words in text, (words, text)
