@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from distcourse.global_tensor import debug
 from distcourse.global_tensor.placement import Placement
 from distcourse.global_tensor.sbp import (
     Broadcast,
@@ -31,7 +30,7 @@ from distcourse.global_tensor.sbp import (
     local_shape,
     signature,
 )
-from distcourse.global_tensor.tensor import GlobalTensor, dual, rebox
+from distcourse.global_tensor.tensor import GlobalTensor, dual, rebox, watch_grad
 
 MAX_DIMS = 8
 
@@ -73,22 +72,6 @@ def full(size: Any, fill_value: float, *, placement: Placement, sbp: Any,
          dtype: Any = None, requires_grad: bool = False) -> GlobalTensor:  # fmt: skip
     fn = lambda s, d: torch.full(s, fill_value, dtype=d)  # noqa: E731
     return _factory(fn, (tuple(size),), placement, sbp, dtype, requires_grad, "full")
-
-
-def watch_grad(t: GlobalTensor) -> None:
-    """Box t's gradient into t's signature (P -> B) before it accumulates: for a
-    broadcast parameter this is data parallelism's gradient all_reduce."""
-    target = dual(t.sbp)
-
-    def hook(g: Tensor) -> Tensor:
-        if not isinstance(g, GlobalTensor) or g.sbp == target:
-            return g
-        if debug.active():
-            debug.record(f"  gradient into a leaf: {describe(g.sbp)} -> "
-                         f"{describe(target)}")  # fmt: skip
-        return rebox(g, target)
-
-    t.register_hook(hook)
 
 
 def _logical(x: Tensor, pl: Placement, sig: Signature, what: str) -> tuple[int, ...]:
