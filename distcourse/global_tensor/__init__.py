@@ -13,7 +13,7 @@ tensor subclass, so nn modules, autograd and torch.optim run on it unchanged.
 """
 
 # importing rules, reductions and move registers them
-from distcourse.global_tensor import duality, move, reductions, rules, sbp
+from distcourse.global_tensor import duality, layout, move, reductions, rules, sbp
 from distcourse.global_tensor.create import full, ones, randn, to_global, zeros
 from distcourse.global_tensor.debug import DebugLog, debug
 from distcourse.global_tensor.io import load, save
@@ -21,7 +21,7 @@ from distcourse.global_tensor.placement import Placement, placement
 from distcourse.global_tensor.tensor import GlobalTensor
 
 __all__ = [
-    "DebugLog", "GlobalTensor", "Placement", "debug", "duality", "full", "load", "move",
-    "ones", "placement", "randn", "reductions", "rules", "save", "sbp", "to_global",
-    "zeros",
+    "DebugLog", "GlobalTensor", "Placement", "debug", "duality", "full", "layout",
+    "load", "move", "ones", "placement", "randn", "reductions", "rules", "save", "sbp",
+    "to_global", "zeros",
 ]  # fmt: skip
