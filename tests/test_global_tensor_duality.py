@@ -54,7 +54,7 @@ def _pairs(ranks: list, sigs: list, grads: list) -> list[str]:
         if dist.get_rank() == 0:
             if cost.forward_bytes != _formula(s, d, p):
                 bad.append(f"{case}: forward {cost.forward_bytes} B")
-            if cost.backward_bytes != _formula(dual(d), g, p):
+            if cost.backward_bytes != _formula(duality.arrives_as(d), g, p):
                 bad.append(f"{case}: backward {cost.backward_bytes} B")
     return bad
 
@@ -169,3 +169,22 @@ def test_megatron_f_and_g_are_one_all_reduce_each() -> None:
     # g: forward all_reduce of y (3 x 4); f: backward all_reduce of dx (3 x 4)
     assert got == {"forward": 48, "backward": 48, "y": True, "same": True,
                    "boxed in backward": 1}  # fmt: skip
+
+
+def _debug_select() -> list[str]:
+    p = gt.placement("cpu", ranks=[0, 1])
+    x = gt.randn(4, 6, placement=p, sbp=S0)
+    w = gt.randn(6, 2, placement=p, sbp=B, requires_grad=True)
+    with gt.debug() as log:
+        (x @ w).sum().backward()
+    return log.select("mm")
+
+
+def test_the_debug_view_shows_the_backward_matmul_and_the_leaf_all_reduce() -> None:
+    lines = spawn(_debug_select, 2, timeout=30)[0]
+    assert lines[0] == "aten.mm  S(1) x B -> P"  # dw = x^T dy: dy B sliced to S(0)
+    assert lines[1:3] == ["  box arg 1: B -> S(0)", "    mesh dim 0: B -> S(0)  slice"]
+    assert lines[3:] == [
+        "  gradient into a leaf: P -> B",
+        "    mesh dim 0: P -> B  all_reduce",
+    ]

@@ -52,6 +52,19 @@ class DebugLog:
         signatures, the boxing they needed and the gradients boxed into leaves."""
         return [ln for ln, b in zip(self.lines, self.in_backward, strict=True) if b]
 
+    def select(self, word: str, backward: bool = True) -> list[str]:
+        """The op lines containing `word` with the boxing lines under them, and
+        every gradient boxed into a leaf (of the backward, or of the forward)."""
+        out, keep = [], False
+        for line in self.backward() if backward else self.forward():
+            if not line.startswith(" "):
+                keep = word in line
+            elif "into a leaf" in line:
+                keep = True
+            if keep:
+                out.append(line)
+        return out
+
     def __str__(self) -> str:
         return "\n".join(self.lines)
 

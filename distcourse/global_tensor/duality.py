@@ -2,10 +2,10 @@
 
 A conversion `y = x.to_global(sbp=dst, grad_sbp=g)` is the identity on the logical
 tensor, so its backward is the identity too: the gradient dy, arriving with some
-signature, is boxed into `g` (by default the dual of x's signature: S(i) stays
-S(i), P becomes B). What that boxing costs depends on how dy arrives: a broadcast
-output's gradient arrives B when every rank computed all of it, P when each rank
-computed a part (a matmul over a split dim): the dual of B is P.
+signature, is boxed into `g` (by default x's signature with P replaced by B).
+What that boxing costs depends on how dy arrives: a broadcast output's gradient
+arrives P in general (`arrives_as`: each rank used all of it its own way), B when
+every rank computed all of it.
 
 `conversion_cost` runs one conversion forward and backward on live ranks, names
 the collectives from the debug log (what ran) and counts this rank's bytes with
@@ -26,7 +26,14 @@ from torch import nn
 from distcourse.comm.ledger import Ledger
 from distcourse.global_tensor.debug import DebugLog, debug
 from distcourse.global_tensor.placement import Placement
-from distcourse.global_tensor.sbp import Broadcast, describe, local_piece, signature
+from distcourse.global_tensor.sbp import (
+    Broadcast,
+    PartialSum,
+    Signature,
+    describe,
+    local_piece,
+    signature,
+)
 from distcourse.global_tensor.tensor import GlobalTensor, dual, rebox
 
 
@@ -56,6 +63,14 @@ class Cost:
         )
 
 
+def arrives_as(sig: Signature) -> Signature:
+    """How the gradient of a tensor under `sig` arrives in general, per mesh
+    dimension: S(i) as S(i); B as P (each rank's use of the whole tensor adds a
+    contribution); P as B (every piece of a sum gets the whole gradient)."""
+    flip = {Broadcast(): PartialSum(), PartialSum(): Broadcast()}
+    return tuple(flip.get(s, s) for s in sig)
+
+
 def collectives(log: DebugLog) -> str:
     """The one-mesh-dimension conversions a debug log saw, joined ("nothing")."""
     ran = [ln.split("  ")[-1] for ln in log.boxing() if ln.startswith("mesh dim")]
@@ -83,12 +98,16 @@ def conversion_cost(
 ) -> Cost:  # fmt: skip
     """Run x.to_global(sbp=dst, grad_sbp=grad_sbp) forward and backward on every
     rank of `pl` (a collective): x has signature `src`, dy arrives as `arrives`
-    (default: the dual of dst)."""
+    (default: arrives_as(dst), B's gradient as P)."""
     shape = tuple(shape)
     src_sig = signature(src, pl.ndim, len(shape), "src")
     dst_sig = signature(dst, pl.ndim, len(shape), "dst")
     nd = len(shape)
-    come = dual(dst_sig) if arrives is None else signature(arrives, pl.ndim, nd, "dy")
+    come = (
+        arrives_as(dst_sig)
+        if arrives is None
+        else signature(arrives, pl.ndim, nd, "dy")
+    )
     x = placed(_values(shape, 0), pl, src_sig).requires_grad_()
     x = x.view_as(x)  # a non-leaf: its gradient is what the conversion returns
     with debug() as flog, Ledger() as fl:
