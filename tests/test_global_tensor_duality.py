@@ -188,3 +188,33 @@ def test_the_debug_view_shows_the_backward_matmul_and_the_leaf_all_reduce() -> N
         "  gradient into a leaf: P -> B",
         "    mesh dim 0: P -> B  all_reduce",
     ]
+
+
+def _from_local() -> dict[str, object]:
+    """gt.to_global(local, p, B, grad_sbp=P): DTensor's from_local(...,
+    grad_placements=[Partial()]); each rank's local gradient is a part."""
+    p = gt.placement("cpu", ranks=[0, 1])
+    c = gt.to_global(torch.arange(8.0).reshape(4, 2), p, B).to_global(sbp=S0)
+    out: dict[str, object] = {}
+    for name, grad in (("default", None), ("P", P)):
+        x = torch.ones(4, 2, requires_grad=True)
+        loss = (gt.to_global(x, p, B, grad_sbp=grad) * c).sum()
+        with Ledger() as ledger:  # the backward only
+            loss.backward()
+        summed = x.grad.clone()
+        dist.all_reduce(summed)
+        whole = torch.arange(8.0).reshape(4, 2)
+        out[name] = (ledger.bytes_sent("all_gather") > 0, torch.equal(x.grad, whole),
+                     torch.equal(summed, whole))  # fmt: skip
+    try:
+        gt.to_global(torch.ones(2, 2), p, S0, grad_sbp=B)
+    except ValueError as err:
+        out["error"] = str(err)
+    return out
+
+
+def test_to_global_of_a_local_tensor_takes_grad_sbp() -> None:
+    for got in spawn(_from_local, 2, timeout=30):
+        assert got["default"] == (True, True, False)  # all_gathered: whole everywhere
+        assert got["P"] == (False, False, True)  # no message: parts that sum
+        assert got["error"] == "gt.to_global: grad_sbp B does not fit a piece of S(0)"
