@@ -3,13 +3,18 @@ MLP on a 2 x 2 placement, one signature per tensor, equals one process (loss and
 every gradient) and chapter 4's tensor-parallel modules (ParallelMLP on the mesh
 rows' groups, gradients all-reduced over its columns) on the same weights; its
 bytes per step equal layouts.mlp_step_bytes (and hand-counted numbers); bad input
-raises before any message.
+raises before any message. Chapter 7's two-layer model, parallelized with the
+unnamed parameters broadcast (rest=B), trains data parallel, model parallel and
+2-D as one process, and every gradient has its parameter's signature.
 
 Tolerance 1e-6 (float32, values of order 1: a few ulps of the sums' reordering).
 """
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -128,3 +133,63 @@ def test_bad_input_raises_on_every_rank_before_any_message() -> None:
                       "'drop' must name an nn.Linear of the model, it names Dropout",
                       "placement must be a Placement"):  # fmt: skip
             assert words in text, (words, text)
+
+
+S0, S1 = gt.sbp.split(0), gt.sbp.split(1)
+B = gt.sbp.broadcast
+COLUMN_ROW = {"0.weight": S0, "0.bias": S0, "2.weight": S1}
+LAYOUTS = {  # name: (placement ranks, data signature, parameter plan)
+    "data parallel": ([0, 1, 2, 3], S0, {}),
+    "model parallel": ([0, 1, 2, 3], B, COLUMN_ROW),
+    "2-D": ([[0, 1], [2, 3]], (S0, B), {k: (B, v) for k, v in COLUMN_ROW.items()}),
+}
+
+
+def _train_layout(name: str) -> tuple[list, list, dict, dict, float]:
+    ranks, data_sig, plan = LAYOUTS[name]
+    p = gt.placement("cpu", ranks=ranks)
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(10, 8), nn.ReLU(), nn.Linear(8, 5))
+    model = gt.parallelize(copy.deepcopy(ref), p, plan, rest=B)
+    b = (B,) * p.ndim
+    losses, want, worst = [], [], 0.0
+    for m, out in ((model, losses), (ref, want)):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        torch.manual_seed(1)
+        for _ in range(3):
+            x, y = torch.randn(8, 10), torch.randn(8, 5)
+            if m is model:
+                x, y = (gt.to_global(t, p, b).to_global(sbp=data_sig) for t in (x, y))
+            loss = nn.functional.mse_loss(m(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+    for q, r in zip(model.parameters(), ref.parameters(), strict=True):
+        worst = max(worst, (q.grad.full_tensor() - r.grad).abs().max().item())
+    grads = {n: q.grad.sbp for n, q in model.named_parameters()}
+    sigs = {n: sig for n, (sig, _) in layouts.signatures(model).items()}
+    return losses, want, sigs, grads, worst
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layouts_train_as_one_process(name: str) -> None:
+    for losses, want, sigs, grads, worst in spawn(_train_layout, 4, name, timeout=60):
+        assert all(abs(a - b) <= 1e-5 for a, b in zip(losses, want, strict=True))
+        assert worst <= 1e-5
+        assert {n: gt.sbp.describe(s) for n, s in grads.items()} == sigs
+        assert sigs["0.weight"] != "B" or name == "data parallel"
+
+
+def _unknown() -> str:
+    p = gt.placement("cpu", ranks=[0, 1])
+    try:
+        gt.parallelize(nn.Linear(2, 2), p, {"weigth": S0}, rest=B)
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
+def test_a_misspelt_name_is_refused() -> None:
+    errors = spawn(_unknown, 2)
+    assert all("plan names ['weigth'], which are not parameters" in e for e in errors)

@@ -16,7 +16,15 @@ its own placement (2-D + pipeline).
 """
 
 # importing rules, reductions and move registers them
-from distcourse.global_tensor import layouts, move, reductions, rules, sbp, stages
+from distcourse.global_tensor import (
+    duality,
+    layouts,
+    move,
+    reductions,
+    rules,
+    sbp,
+    stages,
+)  # fmt: skip
 from distcourse.global_tensor.create import full, ones, randn, to_global, zeros
 from distcourse.global_tensor.debug import DebugLog, debug
 from distcourse.global_tensor.io import load, save
@@ -26,7 +34,7 @@ from distcourse.global_tensor.stages import Stages
 from distcourse.global_tensor.tensor import GlobalTensor
 
 __all__ = [
-    "DebugLog", "GlobalTensor", "Placement", "Stages", "debug", "full", "layouts",
-    "load", "move", "ones", "parallelize", "placement", "randn", "reductions", "rules",
-    "save", "sbp", "stages", "to_global", "zeros",
+    "DebugLog", "GlobalTensor", "Placement", "Stages", "debug", "duality", "full",
+    "layouts", "load", "move", "ones", "parallelize", "placement", "randn",
+    "reductions", "rules", "save", "sbp", "stages", "to_global", "zeros",
 ]  # fmt: skip

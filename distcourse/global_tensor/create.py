@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from distcourse.global_tensor import debug
 from distcourse.global_tensor.placement import Placement
 from distcourse.global_tensor.sbp import (
     Broadcast,
@@ -31,7 +30,7 @@ from distcourse.global_tensor.sbp import (
     local_shape,
     signature,
 )
-from distcourse.global_tensor.tensor import GlobalTensor, dual, rebox
+from distcourse.global_tensor.tensor import GlobalTensor, dual, rebox, watch_grad
 
 MAX_DIMS = 8
 
@@ -75,22 +74,6 @@ def full(size: Any, fill_value: float, *, placement: Placement, sbp: Any,
     return _factory(fn, (tuple(size),), placement, sbp, dtype, requires_grad, "full")
 
 
-def watch_grad(t: GlobalTensor) -> None:
-    """Box t's gradient into t's signature (P -> B) before it accumulates: for a
-    broadcast parameter this is data parallelism's gradient all_reduce."""
-    target = dual(t.sbp)
-
-    def hook(g: Tensor) -> Tensor:
-        if not isinstance(g, GlobalTensor) or g.sbp == target:
-            return g
-        if debug.active():
-            debug.record(f"  gradient into a leaf: {describe(g.sbp)} -> "
-                         f"{describe(target)}")  # fmt: skip
-        return rebox(g, target)
-
-    t.register_hook(hook)
-
-
 def _logical(x: Tensor, pl: Placement, sig: Signature, what: str) -> tuple[int, ...]:
     """The logical shape of the pieces, from one all_gather of every rank's shape;
     ValueError on every rank if they do not fit `sig`."""
@@ -128,12 +111,22 @@ def _logical(x: Tensor, pl: Placement, sig: Signature, what: str) -> tuple[int, 
 
 
 class FromLocal(torch.autograd.Function):
-    """A local piece made global; the gradient comes back as the piece's gradient."""
+    """A local piece made global; the gradient comes back as the piece of the
+    global gradient boxed into `grad` (None: the dual of `sig`)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, pl: Placement, sig: Signature) -> GlobalTensor:
-        ctx.sig = dual(sig)
+    def forward(ctx: Any, x: Tensor, pl: Placement, sig: Signature,
+                grad: Signature | None) -> GlobalTensor:  # fmt: skip
+        ctx.sig = dual(sig) if grad is None else grad
         shape = _logical(x, pl, sig, "gt.to_global")
+        if grad is not None and any(  # every rank decides alike, from the shapes
+            local_shape(shape, grad, pl.hierarchy, c)
+            != local_shape(shape, sig, pl.hierarchy, c)
+            for c in torch.cartesian_prod(*[torch.arange(n) for n in pl.hierarchy])
+            .reshape(-1, pl.ndim).tolist()
+        ):  # fmt: skip
+            raise ValueError(f"gt.to_global: grad_sbp {describe(grad)} does not fit "
+                             f"a piece of {describe(sig)}")  # fmt: skip
         x = x.detach().clone(memory_format=torch.contiguous_format)
         for k, s in enumerate(sig):  # broadcast: coordinate 0's values win
             if isinstance(s, Broadcast) and pl.hierarchy[k] > 1:
@@ -144,21 +137,29 @@ class FromLocal(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
-        return rebox(g, ctx.sig).local_tensor, None, None
+        return rebox(g, ctx.sig).local_tensor, None, None, None
 
 
-def to_global(x: Any, placement: Placement, sbp: Any) -> Any:
+def to_global(x: Any, placement: Placement, sbp: Any, *, grad_sbp: Any = None) -> Any:
     """A local tensor as this rank's piece of a global one, or a module with every
-    parameter and buffer converted so (returned, changed in place)."""
+    parameter and buffer converted so (returned, changed in place). `grad_sbp`
+    (tensors only, as OneFlow's): the SBP the global gradient is boxed into before
+    this rank's piece of it becomes the local tensor's gradient (DTensor's
+    `from_local(..., grad_placements=)`)."""
     if isinstance(x, nn.Module):
+        if grad_sbp is not None:
+            raise ValueError("gt.to_global: grad_sbp applies to tensors, not modules")
         return _module(x, placement, sbp)
     if isinstance(x, GlobalTensor):
-        return x.to_global(placement, sbp)
+        return x.to_global(placement, sbp, grad_sbp=grad_sbp)
     if not isinstance(x, Tensor):
         raise TypeError(f"gt.to_global: expected a Tensor or a Module, got {type(x)}")
     sig = signature(sbp, placement.ndim, x.dim(), "gt.to_global")
+    grad = None if grad_sbp is None else signature(
+        grad_sbp, placement.ndim, x.dim(), "grad_sbp"
+    )  # fmt: skip
     placement.require_member("gt.to_global")
-    return FromLocal.apply(x.to(placement.device), placement, sig)
+    return FromLocal.apply(x.to(placement.device), placement, sig, grad)
 
 
 def _module(module: nn.Module, placement: Placement, sbp: Any) -> nn.Module:

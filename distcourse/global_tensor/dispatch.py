@@ -102,6 +102,12 @@ def operands(cls: type, flat: list, name: str) -> list[Tensor]:
                 f"{t.placement}; move one with x.to_global(placement=...)"
             )
     for t in tensors:
+        if not isinstance(t, cls) and t.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"{name}: mixes a global tensor with a plain tensor that requires "
+                "grad: its gradient would be a global tensor, summed over which "
+                "ranks? Make it global with gt.to_global(t, placement, sbp)"
+            )
         if not isinstance(t, cls) and t.dim() > 0:
             raise ValueError(
                 f"{name}: mixes a global tensor with a plain tensor of shape "

@@ -90,10 +90,11 @@ def fits(name: str, shape: tuple[int, ...], sig: Any, pl: Placement) -> Signatur
 
 
 def check_plan(
-    model: nn.Module, placement: Any, plan: dict[str, Any]
+    model: nn.Module, placement: Any, plan: dict[str, Any], rest: Any = None
 ) -> dict[str, Signature]:
-    """The plan checked against the model's parameters (no messages): every
-    parameter named once, every name a parameter, every signature fitting."""
+    """The plan checked against the model's parameters (no messages): every name a
+    parameter, every signature fitting, every parameter named once (or, with
+    `rest`, those not named take `rest`)."""
     if not isinstance(placement, Placement):
         raise TypeError(f"placement must be a Placement (gt.placement(...)), got "
                         f"{type(placement).__name__}")  # fmt: skip
@@ -103,20 +104,26 @@ def check_plan(
         raise ValueError(f"plan names {unknown}, which are not parameters of the "
                          f"model (it has {sorted(shapes)})")  # fmt: skip
     missing = sorted(set(shapes) - set(plan))
-    if missing:
+    if rest is not None:  # one SBP stands for itself on every mesh dimension
+        whole = rest if isinstance(rest, tuple) else (rest,) * placement.ndim
+        plan = {**dict.fromkeys(missing, whole), **plan}
+    elif missing:
         raise ValueError(f"plan gives no signature for {missing}: name every "
                          "parameter (REPLICATED for a whole one)")  # fmt: skip
     return {n: fits(n, shapes[n], plan[n], placement) for n in shapes}
 
 
 def parallelize(
-    model: nn.Module, placement: Placement, plan: dict[str, Any]
-) -> nn.Module:
+    model: nn.Module, placement: Placement, plan: dict[str, Any], *,
+    rest: Any = None,
+) -> nn.Module:  # fmt: skip
     """Every parameter of `model` made a global parameter on `placement` under its
-    plan's signature (changed in place, returned). The values are coordinate 0's
+    plan's signature (changed in place, returned); with `rest` (e.g. broadcast,
+    meaning B on every mesh dimension), the parameters the plan does not name
+    take it. The values are coordinate 0's
     (one broadcast per mesh dimension, as gt.to_global); a gradient arrives in the
     parameter's signature (a P boxed to B: the all_reduce of data parallelism)."""
-    sigs = check_plan(model, placement, plan)
+    sigs = check_plan(model, placement, plan, rest)
     placement.require_member("parallelize")
     whole = tuple(B for _ in range(placement.ndim))
     for name, p in list(model.named_parameters()):

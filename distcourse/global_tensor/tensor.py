@@ -10,7 +10,13 @@ The conversions a user calls (`to_global`, `to_local`, `full_tensor`, and
 gt.to_global of a local tensor) are autograd Functions: the gradient goes back
 through the reverse boxing, into the signature of the input, with a partial sum
 replaced by broadcast (a P tensor's gradient is the same for every piece). Pass
-`grad_sbp=` to choose it.
+`grad_sbp=` to choose it (chapter 7).
+
+A leaf that requires grad (a factory's `requires_grad=True`, `x.requires_grad_()`,
+`nn.Parameter(x)`) has its gradient boxed into its own signature before it
+accumulates (`watch_grad`): a broadcast parameter's partial gradient goes P -> B,
+which is data parallelism's all_reduce. `backward()` checks its arguments on every
+rank before any collective.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from distcourse.global_tensor import dispatch
+from distcourse.global_tensor import debug, dispatch
 from distcourse.global_tensor.boxing import box
 from distcourse.global_tensor.placement import Placement
 from distcourse.global_tensor.sbp import (
@@ -100,6 +106,41 @@ class GlobalTensor(Tensor):
         """This rank's piece, outside autograd (use to_local() inside a model)."""
         return self._local
 
+    def requires_grad_(self, requires_grad: bool = True) -> GlobalTensor:
+        """As torch's; a leaf's gradient is then boxed into this tensor's signature
+        (nn.Parameter(x) comes through here too)."""
+        super().requires_grad_(requires_grad)
+        if requires_grad and self.is_leaf:
+            watch_grad(self)
+        return self
+
+    def backward(self, gradient: Any = None, retain_graph: Any = None,
+                 create_graph: bool = False, inputs: Any = None) -> None:  # fmt: skip
+        """torch's backward, with its arguments checked first (ValueError on every
+        rank, before any collective): a non-scalar needs `gradient`, a global tensor
+        of the same logical shape and placement (any signature)."""
+        shape = list(self.shape)
+        if gradient is None and self.numel() != 1:
+            raise ValueError(
+                f"backward() on a global tensor of shape {shape} needs gradient=, a "
+                "global tensor of the same shape and placement; or reduce it to a "
+                "scalar first (.sum(), .mean())"
+            )
+        if gradient is not None:
+            if not isinstance(gradient, GlobalTensor):
+                raise ValueError(
+                    f"backward(gradient=...) of a global tensor got a plain "
+                    f"{type(gradient).__name__} of shape {list(gradient.shape)}: its "
+                    "SBP would be unknown; make it global with gt.to_global(g, "
+                    "placement, sbp)"
+                )
+            if gradient.placement != self._placement or list(gradient.shape) != shape:
+                raise ValueError(
+                    f"backward(gradient=...): gradient {list(gradient.shape)} on "
+                    f"{gradient.placement} for a tensor {shape} on {self._placement}"
+                )
+        super().backward(gradient, retain_graph, create_graph, inputs)
+
     def __repr__(self) -> str:
         grad = ", requires_grad=True" if self.requires_grad else ""
         return (
@@ -151,6 +192,25 @@ def _grad_signature(x: GlobalTensor, grad_sbp: Any, sig: Signature) -> Signature
     if grad_sbp is None:
         return dual(sig)
     return signature(grad_sbp, x.placement.ndim, x.dim(), "grad_sbp")
+
+
+def watch_grad(t: GlobalTensor) -> None:
+    """Box t's gradient into t's signature (P -> B) before it accumulates: for a
+    broadcast parameter this is data parallelism's gradient all_reduce. Once per t."""
+    if getattr(t, "_watched", False):
+        return
+    t._watched = True
+    target = dual(t.sbp)
+
+    def hook(g: Tensor) -> Tensor:
+        if not isinstance(g, GlobalTensor) or g.sbp == target:
+            return g
+        if debug.active():
+            debug.record(f"  gradient into a leaf: {describe(g.sbp)} -> "
+                         f"{describe(target)}")  # fmt: skip
+        return rebox(g, target)
+
+    t.register_hook(hook)
 
 
 def as_global(grad: Any, like: GlobalTensor, what: str) -> GlobalTensor:

@@ -1,12 +1,15 @@
 """Figures for the book, one module per kind: `tensors` (values and where their pieces
-live), `timing` (costs, timelines, Gantt charts). Every function returns a matplotlib
+live), `timing` (costs, timelines, Gantt charts), `duality` (what a conversion
+sends forward and backward). Every function returns a matplotlib
 Figure and never calls plt.show().
 """
 
+from distcourse.viz.duality import conversion_bytes
 from distcourse.viz.tensors import rank_tensors, sbp_pieces, tp_layout
 from distcourse.viz.timing import cost_plot, gantt, hidden_sweep, timeline
 
 __all__ = [
+    "conversion_bytes",
     "cost_plot",
     "gantt",
     "hidden_sweep",
