@@ -32,7 +32,7 @@ def parameters_held(layout: Layout, cfg: GPTConfig, stage: int) -> int:
     C, V, tp = cfg.n_embd, cfg.vocab, layout.tp
     per_block = (
         2 * C  # ln1
-        + 4 * (C * C) // tp + 3 * C // tp + C  # q, k, v (column) + proj (row, bias whole)
+        + 4 * (C * C) // tp + 3 * C // tp + C  # q, k, v, proj; proj's bias whole
         + 2 * C  # ln2
         + (4 * C * C + 4 * C) // tp  # fc (column)
         + (4 * C * C) // tp + C  # proj (row)

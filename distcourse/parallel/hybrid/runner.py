@@ -23,7 +23,7 @@ from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 
 from distcourse import runtime
 from distcourse.comm.ledger import Ledger
@@ -52,7 +52,8 @@ class HybridGPT:
         if mesh.names != AXES:
             raise ValueError(f"a hybrid mesh has axes {AXES}, got {mesh.names}")
         self.layout = Layout(*mesh.shape)
-        check(self.layout, model.cfg, dist.get_world_size(), micro_batches=micro_batches)
+        world = dist.get_world_size()
+        check(self.layout, model.cfg, world, micro_batches=micro_batches)
         self.mesh, self.cfg, self.micro_batches = mesh, model.cfg, micro_batches
         self.coord = mesh.coordinate
         pp, tp = self.layout.pp, self.layout.tp
@@ -63,8 +64,8 @@ class HybridGPT:
         tp_group = mesh.group("tp")
         if tp > 1:
             mine = cut.parallelize_stage(mine, tp_group)
-            self.loss_fn: Callable[[Tensor, Tensor], Tensor] = (
-                lambda logits, y: vocab_parallel_cross_entropy(logits, y, tp_group)
+            self.loss_fn: Callable[[Tensor, Tensor], Tensor] = lambda logits, y: (
+                vocab_parallel_cross_entropy(logits, y, tp_group)
             )
         else:
             self.loss_fn = lm_loss
