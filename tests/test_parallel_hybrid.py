@@ -39,8 +39,11 @@ def _train(shape: tuple[int, int, int], micro_batches: int) -> dict:
         loss=max(abs(a - b) for a, b in zip(losses, alone, strict=True)),
         learns=alone[-1] < alone[0] - 0.5,
         # key.bias: its true gradient is 0 (softmax ignores it): noise, skipped
-        param=max((mine[k] - want[k]).abs().max().item() for k in mine
-                  if not k.endswith("key.bias")),  # fmt: skip
+        param=max(
+            (mine[k] - want[k]).abs().max().item()
+            for k in mine
+            if not k.endswith("key.bias")
+        ),  # fmt: skip
         covered=set().union(*keys) == set(want),
         bytes=net.bytes,
         formula=hybrid.bytes_per_step(layout, CFG, BATCH, net.stage),
@@ -112,9 +115,10 @@ def _bad_mesh() -> str:
 
 
 def test_mesh_of_the_wrong_size_is_refused_before_any_group() -> None:
-    assert spawn(_bad_mesh, 2, timeout=30) == [
-        "layout dp=2 x pp=2 x tp=1 = 4 ranks, but the world has 2"
-    ] * 2
+    assert (
+        spawn(_bad_mesh, 2, timeout=30)
+        == ["layout dp=2 x pp=2 x tp=1 = 4 ranks, but the world has 2"] * 2
+    )
 
 
 def _wrong_axes() -> None:
