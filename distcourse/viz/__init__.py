@@ -1,15 +1,19 @@
 """Figures for the book, one module per kind: `tensors` (values and where their pieces
-live), `timing` (costs, timelines, Gantt charts). Every function returns a matplotlib
+live), `timing` (costs, timelines, Gantt charts), `mesh` (ranks on a device mesh, their
+groups per axis, bytes per axis). Every function returns a matplotlib
 Figure and never calls plt.show().
 """
 
+from distcourse.viz.mesh import axis_bytes, mesh_groups
 from distcourse.viz.tensors import rank_tensors, sbp_pieces, tp_layout
 from distcourse.viz.timing import cost_plot, gantt, hidden_sweep, timeline
 
 __all__ = [
+    "axis_bytes",
     "cost_plot",
     "gantt",
     "hidden_sweep",
+    "mesh_groups",
     "rank_tensors",
     "sbp_pieces",
     "timeline",
