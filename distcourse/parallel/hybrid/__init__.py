@@ -7,9 +7,10 @@
 
 layout: degrees, every layout of N ranks, the checks; stages: the GPT as a chain
 cut into stages and split by TP; runner: HybridGPT (the step); cost: bytes per
-axis per step and memory per rank, by formula.
+axis per step and memory per rank, by formula; check: a layout against one process.
 """
 
+from distcourse.parallel.hybrid.check import against_one_process
 from distcourse.parallel.hybrid.cost import (
     bytes_per_step,
     memory_per_rank,
@@ -27,7 +28,7 @@ from distcourse.parallel.hybrid.stages import (
 )
 
 __all__ = [
-    "AXES", "Embed", "Head", "HybridGPT", "Layout", "as_chain", "bounds", "check",
-    "bytes_per_step", "layouts", "make_mesh", "memory_per_rank",
-    "parallelize_stage", "parameters_held", "stages",
+    "AXES", "Embed", "Head", "HybridGPT", "Layout", "against_one_process",
+    "as_chain", "bounds", "bytes_per_step", "check", "layouts", "make_mesh",
+    "memory_per_rank", "parallelize_stage", "parameters_held", "stages",
 ]  # fmt: skip
