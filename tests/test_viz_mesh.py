@@ -54,3 +54,18 @@ def test_axis_bytes_stacks_axes_and_marks_the_formula() -> None:
     assert tops == [3.0, 1.5]
     legend = {t.get_text() for t in ax.get_legend().get_texts()}
     assert legend == {"dp", "tp", "pp", "formula"}
+
+
+def test_layout_costs_marks_the_fastest_and_stacks_memory() -> None:
+    rows = [
+        dict(layout="2x1x1", step_ms=3.0, memory_kib=10.0, activations_kib=4.0),
+        dict(layout="1x2x1", step_ms=2.0, memory_kib=6.0, activations_kib=1.0),
+        dict(layout="1x1x2", step_ms=5.0, memory_kib=8.0, activations_kib=6.0),
+    ]
+    fig = viz.layout_costs(rows)
+    left, right = fig.axes
+    assert [p.get_height() for p in left.patches] == [3.0, 2.0, 5.0]
+    colors = [p.get_facecolor() for p in left.patches]
+    assert colors[1] != colors[0] == colors[2]  # the fastest stands out
+    tops = [p.get_y() + p.get_height() for p in right.patches[3:]]
+    assert tops == [10.0, 6.0, 8.0]  # state + activations = the rank's memory

@@ -101,13 +101,14 @@ def run(cfg: Config) -> dict:
 
 
 def format_table(rows: list[dict]) -> str:
-    """The rows as an aligned text table."""
-    lines = [f"{'dp x pp x tp':>12} {'m':>3} {'step ms':>9} {'memory KiB':>11} "
-             f"{'activations':>11}"]  # fmt: skip
+    """The rows as an aligned text table; the step time last, so that a book can
+    mask it ("T ms") without the columns moving."""
+    lines = [f"{'dp x pp x tp':>12} {'m':>3} {'memory KiB':>11} {'activations':>11}"
+             "  step"]  # fmt: skip
     for r in rows:
         lines.append(
-            f"{r['layout']:>12} {r['micro_batches']:>3} {r['step_ms']:>9.2f} "
-            f"{r['memory_kib']:>11.1f} {r['activations_kib']:>11.1f}"
+            f"{r['layout']:>12} {r['micro_batches']:>3} {r['memory_kib']:>11.1f} "
+            f"{r['activations_kib']:>11.1f}  {r['step_ms']:.1f} ms"
         )
     return "\n".join(lines)
 

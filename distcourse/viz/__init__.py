@@ -1,10 +1,10 @@
 """Figures for the book, one module per kind: `tensors` (values and where their pieces
 live), `timing` (costs, timelines, Gantt charts), `mesh` (ranks on a device mesh, their
-groups per axis, bytes per axis). Every function returns a matplotlib
+groups per axis, bytes per axis, costs per layout). Every function returns a matplotlib
 Figure and never calls plt.show().
 """
 
-from distcourse.viz.mesh import axis_bytes, mesh_groups
+from distcourse.viz.mesh import axis_bytes, layout_costs, mesh_groups
 from distcourse.viz.tensors import rank_tensors, sbp_pieces, tp_layout
 from distcourse.viz.timing import cost_plot, gantt, hidden_sweep, timeline
 
@@ -13,6 +13,7 @@ __all__ = [
     "cost_plot",
     "gantt",
     "hidden_sweep",
+    "layout_costs",
     "mesh_groups",
     "rank_tensors",
     "sbp_pieces",

@@ -122,3 +122,27 @@ def axis_bytes(
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(True, axis="y", alpha=0.3)
     return finish(fig, ax, title)
+
+
+def layout_costs(rows: Sequence[dict], title: str = "") -> Figure:
+    """Every layout of one world side by side: step time (left) and the largest
+    memory of a rank, model state and activations stacked (right). `rows` as
+    `bench.hybrid.measure` gives them; the fastest layout's bar is outlined."""
+    names = [r["layout"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
+    fastest = min(range(len(rows)), key=lambda i: rows[i]["step_ms"])
+    bars = left.bar(names, [r["step_ms"] for r in rows], color="0.6")
+    bars[fastest].set(color="C2", edgecolor="black")
+    left.set(ylabel="step time (ms)", xlabel="dp x pp x tp")
+    state = [r["memory_kib"] - r["activations_kib"] for r in rows]
+    right.bar(names, state, color="C0", label="parameters, gradients, AdamW")
+    right.bar(names, [r["activations_kib"] for r in rows], bottom=state, color="C1",
+              label="activations (peak)")  # fmt: skip
+    right.set(ylabel="KiB on the fullest rank", xlabel="dp x pp x tp")
+    right.legend(fontsize="small")
+    for ax in (left, right):
+        ax.tick_params(axis="x", labelrotation=45)
+        ax.grid(True, axis="y", alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return finish(fig, right, "")
