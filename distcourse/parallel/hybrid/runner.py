@@ -8,8 +8,10 @@ layers). A step:
 2. forward and backward: chapter 5's Pipeline over the pp group, micro-batch by
    micro-batch (or the stage directly when pp = 1); the TP layers all-reduce over
    the tp group inside;
-3. after the pipeline's last micro-batch: chapter 3's average_gradients over the
-   dp group only (TP partners hold different slices; stages different layers);
+3. after the pipeline's last micro-batch: the gradients averaged over the dp group
+   only (TP partners hold different slices; stages different layers), in chapter
+   3's buckets (`parallel.buckets`: one flat buffer and one all-reduce per ~25 MB,
+   as DDP sends them), all launched before any is awaited;
 4. AdamW on the parameters this rank holds.
 
 Each replica's loss is the mean over its share and the shares are equal, so the
@@ -29,11 +31,14 @@ from distcourse import runtime
 from distcourse.comm.ledger import Ledger
 from distcourse.examples.gpt import TinyGPT, lm_loss
 from distcourse.mesh import Mesh
-from distcourse.parallel.ddp import average_gradients
+from distcourse.parallel.buckets import Bucket, assign_buckets
+from distcourse.parallel.hybrid import layout as lay
 from distcourse.parallel.hybrid import stages as cut
-from distcourse.parallel.hybrid.layout import AXES, Layout, check
+from distcourse.parallel.hybrid.layout import AXES, Layout
 from distcourse.parallel.pipeline import ActivationMeter, Pipeline, one_f_one_b
 from distcourse.parallel.tensor import vocab_parallel_cross_entropy
+
+BUCKET_MB = 25  # torch DDP's default bucket_cap_mb
 
 
 class HybridGPT:
@@ -42,18 +47,20 @@ class HybridGPT:
     A collective: every rank of the world constructs it at the same time, from
     the same `model` (seed every rank alike). `model` itself is not changed.
     `micro_batches` per step feed the pipeline (1F1B). `ledger` on `step` records
-    the bytes each axis sent in that step (in `self.bytes`).
+    the bytes each axis sent in that step (in `self.bytes`). `check=False` skips
+    the TP layers' shape agreement before each forward (one small all_gather each).
     """
 
     def __init__(
         self, model: TinyGPT, mesh: Mesh, *, micro_batches: int = 1,
         lr: float = 1e-2, timeout: float = runtime.DEFAULT_TIMEOUT,
+        check: bool = True,
     ) -> None:  # fmt: skip
         if mesh.names != AXES:
             raise ValueError(f"a hybrid mesh has axes {AXES}, got {mesh.names}")
         self.layout = Layout(*mesh.shape)
         world = dist.get_world_size()
-        check(self.layout, model.cfg, world, micro_batches=micro_batches)
+        lay.check(self.layout, model.cfg, world, micro_batches=micro_batches)
         self.mesh, self.cfg, self.micro_batches = mesh, model.cfg, micro_batches
         self.coord = mesh.coordinate
         pp, tp = self.layout.pp, self.layout.tp
@@ -63,7 +70,7 @@ class HybridGPT:
         mine = full[self.stage]
         tp_group = mesh.group("tp")
         if tp > 1:
-            mine = cut.parallelize_stage(mine, tp_group)
+            mine = cut.parallelize_stage(mine, tp_group, check=check)
             self.loss_fn: Callable[[Tensor, Tensor], Tensor] = lambda logits, y: (
                 vocab_parallel_cross_entropy(logits, y, tp_group)
             )
@@ -80,6 +87,11 @@ class HybridGPT:
         else:
             self.meter = ActivationMeter([mine])
         self.optimizer = torch.optim.AdamW(mine.parameters(), lr=lr)
+        params = list(mine.parameters())
+        groups = assign_buckets(params, int(BUCKET_MB * 2**20))
+        self.buckets = [
+            Bucket(i, [params[j] for j in g], len(groups)) for i, g in enumerate(groups)
+        ]
         self.bytes: dict[str, int] = {}
 
     def share(self, batch: Tensor) -> Tensor:
@@ -105,7 +117,7 @@ class HybridGPT:
         the batch's mean loss on every rank. With `ledger`, `self.bytes` holds what
         this rank sent per axis: tp (all-reduces inside the layers), pp (activations
         and gradients between stages), dp (gradient all-reduce)."""
-        check(self.layout, None, batch=len(x), micro_batches=self.micro_batches)
+        lay.check(self.layout, None, batch=len(x), micro_batches=self.micro_batches)
         x, y = self.share(x), self.share(y)
         self.optimizer.zero_grad(set_to_none=True)
         inside, sync = Ledger(), Ledger()
@@ -113,7 +125,7 @@ class HybridGPT:
             loss = self._forward_backward(x, y)
         with sync if ledger else nullcontext():
             if self.layout.dp > 1:
-                average_gradients(self.module, self.mesh.group("dp"))
+                self._average_gradients()
         if ledger:
             self.bytes = dict(
                 dp=sync.bytes_sent("all_reduce"),
@@ -122,6 +134,19 @@ class HybridGPT:
             )
         self.optimizer.step()
         return self._mean_loss(loss)
+
+    def _average_gradients(self) -> None:
+        """Each gradient / dp into its bucket; every bucket's all-reduce launched over
+        the dp group, in the same order on every rank; then the sums copied back."""
+        dp = self.mesh.group("dp")
+        for bucket in self.buckets:
+            for slot, param in enumerate(bucket.params):
+                torch.div(param.grad, self.layout.dp, out=bucket.view(slot))
+            bucket.launch(dp)
+        for bucket in self.buckets:
+            bucket.wait()
+            for slot, param in enumerate(bucket.params):
+                param.grad.copy_(bucket.view(slot))
 
     def _mean_loss(self, loss: Tensor | None) -> float:
         """The batch's loss on every rank: the dp replicas' losses averaged. Only the
