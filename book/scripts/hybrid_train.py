@@ -4,11 +4,11 @@ torchrun --nproc-per-node 8 book/scripts/hybrid_train.py --steps 12 --compare
 
 On two machines (here: two "nodes" on one machine's loopback), 4 ranks each:
 
-torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 --rdzv-backend c10d \
+torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \
     --rdzv-endpoint HOST:29500 --rdzv-id hybrid book/scripts/hybrid_train.py
-(and --node-rank 1 on the other). Rank 0 prints the layout and the losses; with
---compare every rank also trains one process and rank 0 prints whether the losses
-and the parameters agree.
+on each (c10d numbers the nodes in order of arrival). Rank 0 prints the layout and
+the losses; with --compare every rank also trains one process and rank 0 prints
+whether the losses and the parameters agree.
 """
 
 import argparse
