@@ -4,10 +4,10 @@ One spawn of N ranks (8; 4 with --quick) trains the same TinyGPT under every
 layout dp x pp x tp of N (8x1x1 pure data parallelism, ..., 1x1x8 pure tensor
 parallelism), one after another in the same processes: a mesh per layout, a few
 warm-up steps, then timed steps, each started together (a barrier) and lasting as
-its slowest rank. Per layout: the median step time, and per rank the bytes held
-(parameters, gradients, AdamW's moments: counted; activations kept for backward:
-measured at the step's peak), the largest over ranks. `ratio` is the best layout's
-step time / pure data parallelism's: below 1, a hybrid wins on this machine.
+its slowest rank. Per layout: the median step time, and the bytes held by the
+fullest rank (parameters, gradients, AdamW's moments: counted; activations kept
+for backward: measured at the step's peak), with its activations apart. `ratio` is
+the best layout's step time / pure data parallelism's: below 1, a hybrid wins here.
 The TP layers skip their shape agreement (`check=False`), as production code does.
 """
 
@@ -59,7 +59,7 @@ def micro_batches(layout: hybrid.Layout) -> int:
 
 def measure(cfg: Config) -> list[dict]:
     """On every rank of a world of cfg.ranks: one row per layout (the same rows on
-    every rank): median step seconds, the largest bytes held by a rank."""
+    every rank): median step time, the fullest rank's bytes and its activations."""
     gpt, rows = cfg.gpt(), []
     batches = token_batches(cfg.warmup + cfg.steps, cfg.batch, gpt)
     for layout in hybrid.layouts(cfg.ranks):
@@ -77,8 +77,10 @@ def measure(cfg: Config) -> list[dict]:
                 times[i - cfg.warmup] = time.perf_counter() - start
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step lasts as its slowest
         held = net.held()
-        memory = torch.tensor([sum(held.values()), held["activations"]])
-        dist.all_reduce(memory, op=dist.ReduceOp.MAX)
+        mine = torch.tensor([sum(held.values()), held["activations"]])
+        every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, mine)
+        memory = max(every, key=lambda m: m[0].item())  # the fullest rank's
         net.close()
         rows.append(dict(
             layout=layout.name, dp=layout.dp, pp=layout.pp, tp=layout.tp,

@@ -125,8 +125,8 @@ def axis_bytes(
 
 
 def layout_costs(rows: Sequence[dict], title: str = "") -> Figure:
-    """Every layout of one world side by side: step time (left) and the largest
-    memory of a rank, model state and activations stacked (right). `rows` as
+    """Every layout of one world side by side: step time (left) and the memory of
+    its fullest rank, model state and activations stacked (right). `rows` as
     `bench.hybrid.measure` gives them; the fastest layout's bar is outlined."""
     names = [r["layout"] for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
