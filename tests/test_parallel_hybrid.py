@@ -64,6 +64,8 @@ def test_layouts_of_eight_ranks() -> None:
         (hybrid.Layout(3, 1, 1), CFG, dict(batch=8), "does not split into dp=3"),
         (hybrid.Layout(2, 2, 1), CFG, dict(batch=8, micro_batches=3),
          "does not split into 3 micro-batches"),
+        (hybrid.Layout(2, 1, 1), CFG, dict(micro_batches=2),
+         "micro_batches=2 needs a pipeline: pp=1"),
     ],
 )  # fmt: skip
 def test_bad_layouts_are_refused_naming_the_degree(

@@ -42,7 +42,7 @@ def groups_of(shape: Sequence[int], axis: int) -> list[list[int]]:
 def mesh_groups(
     shape: Sequence[int],
     names: Sequence[str],
-    groups: dict[str, list[list[int]]] | None = None,
+    groups: dict[str, Sequence[Sequence[int]]] | None = None,
     title: str = "",
 ) -> Figure:
     """One panel per axis: every rank as a box labelled with its rank and its

@@ -92,6 +92,8 @@ def check(
         micro_batches < 1
     ):  # fmt: skip
         raise ValueError(f"micro_batches must be a positive int, got {micro_batches!r}")
+    if micro_batches > 1 and layout.pp == 1:
+        raise ValueError(f"micro_batches={micro_batches} needs a pipeline: pp=1")
     if batch is not None:
         if batch % layout.dp:
             raise ValueError(f"a batch of {batch} does not split into dp={layout.dp} "

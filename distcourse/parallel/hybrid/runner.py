@@ -72,7 +72,7 @@ class HybridGPT:
         if tp > 1:
             mine = cut.parallelize_stage(mine, tp_group, check=check)
             self.loss_fn: Callable[[Tensor, Tensor], Tensor] = lambda logits, y: (
-                vocab_parallel_cross_entropy(logits, y, tp_group)
+                vocab_parallel_cross_entropy(logits, y, tp_group, check=check)
             )
         else:
             self.loss_fn = lm_loss
@@ -103,8 +103,6 @@ class HybridGPT:
         """Gradients of this share's mean loss; the loss on the last stage's ranks."""
         if self.pipe is not None:
             return self.pipe.step(x, y)
-        if self.micro_batches != 1:
-            raise ValueError("micro_batches > 1 needs pp > 1")
         self.meter.reset()
         with self.meter.saving(0):
             loss = self.loss_fn(self.module(x), y)
