@@ -49,7 +49,7 @@ if args.compare:
     loss_diff = max(abs(a - b) for a, b in zip(losses, alone, strict=True))
     want = model.state_dict()
     param_diff = max(
-        (mine[k] - want[k]).abs().max().item()
+        (mine[k].cpu() - want[k]).abs().max().item()
         for k in mine
         if not k.endswith("key.bias")  # true gradient 0: noise only (chapter 4)
     )

@@ -42,7 +42,7 @@ def against_one_process(
     net.close()
     alone = train_lm(model, batches)
     want = model.state_dict()
-    diff = max((mine[k] - want[k]).abs().max().item()
+    diff = max((mine[k].cpu() - want[k]).abs().max().item()
                for k in mine if not k.endswith(SKIP))  # fmt: skip
     keys: list = [None] * dist.get_world_size()
     dist.all_gather_object(keys, sorted(mine))

@@ -45,7 +45,8 @@ class HybridGPT:
     """This rank's part of a TinyGPT trained on a (dp, pp, tp) `mesh`.
 
     A collective: every rank of the world constructs it at the same time, from
-    the same `model` (seed every rank alike). `model` itself is not changed.
+    the same `model` (seed every rank alike). `model` itself is not changed; the
+    stage is copied to the rank's device (runtime.device()), batches too.
     `micro_batches` per step feed the pipeline (1F1B). `ledger` on `step` records
     the bytes each axis sent in that step (in `self.bytes`). `check=False` skips
     the TP layers' shape agreement before each forward (one small all_gather each).
@@ -65,7 +66,8 @@ class HybridGPT:
         self.coord = mesh.coordinate
         pp, tp = self.layout.pp, self.layout.tp
         self.stage = self.coord["pp"]
-        full = cut.stages(model, pp)  # every stage, whole: shapes and the cut
+        device = runtime.device()  # the CPU on gloo, this rank's GPU on NCCL
+        full = [s.to(device) for s in cut.stages(model, pp)]  # every stage, whole
         self.first_layer = cut.bounds(model.cfg.n_layer, pp)[self.stage]
         mine = full[self.stage]
         tp_group = mesh.group("tp")
@@ -116,7 +118,8 @@ class HybridGPT:
         this rank sent per axis: tp (all-reduces inside the layers), pp (activations
         and gradients between stages), dp (gradient all-reduce)."""
         lay.check(self.layout, None, batch=len(x), micro_batches=self.micro_batches)
-        x, y = self.share(x), self.share(y)
+        device = runtime.device()
+        x, y = self.share(x).to(device), self.share(y).to(device)
         self.optimizer.zero_grad(set_to_none=True)
         inside, sync = Ledger(), Ledger()
         with inside if ledger else nullcontext():
