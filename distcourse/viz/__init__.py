@@ -1,18 +1,23 @@
 """Figures for the book, one module per kind: `tensors` (values and where their pieces
 live), `timing` (costs, timelines, Gantt charts), `duality` (what a conversion
-sends forward and backward). Every function returns a matplotlib
-Figure and never calls plt.show().
+sends forward and backward), `mesh` (ranks on a device mesh, their groups per axis,
+bytes per axis, costs per layout). Every function returns a matplotlib Figure and
+never calls plt.show().
 """
 
 from distcourse.viz.duality import conversion_bytes
+from distcourse.viz.mesh import axis_bytes, layout_costs, mesh_groups
 from distcourse.viz.tensors import rank_tensors, sbp_pieces, tp_layout
 from distcourse.viz.timing import cost_plot, gantt, hidden_sweep, timeline
 
 __all__ = [
+    "axis_bytes",
     "conversion_bytes",
     "cost_plot",
     "gantt",
     "hidden_sweep",
+    "layout_costs",
+    "mesh_groups",
     "rank_tensors",
     "sbp_pieces",
     "timeline",

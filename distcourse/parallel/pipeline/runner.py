@@ -39,6 +39,9 @@ class Pipeline:
     the rank of group rank r keeps stages r, r + p, ... A collective: every rank of
     the world constructs its Pipeline at the same time. `handshake` as in Links:
     "first" (shapes checked on a link's first transfer of each shape) or "every".
+    `shapes_from`: stages of the same shapes whose forward sends nothing, to find
+    the shapes on "meta" in place of `stages` (e.g. the one-process twins of
+    tensor-parallel stages, whose collectives cannot run on meta tensors).
     """
 
     def __init__(
@@ -49,6 +52,8 @@ class Pipeline:
         group: Group = None,
         timeout: float = runtime.DEFAULT_TIMEOUT,
         handshake: str = "first",
+        *,
+        shapes_from: Sequence[nn.Module] | None = None,
     ) -> None:
         g = members(group, "Pipeline")
         if g.size < 2:
@@ -65,7 +70,11 @@ class Pipeline:
             )
         schedules.check(schedule)
         schedules.simulate(schedule)  # ValueError if its ranks would deadlock
-        self.all_stages, self.schedule, self.loss_fn = list(stages), schedule, loss_fn
+        if shapes_from is not None and len(shapes_from) != len(stages):
+            raise ValueError(f"shapes_from has {len(shapes_from)} stages, the "
+                             f"pipeline {len(stages)}")  # fmt: skip
+        self.all_stages = list(stages if shapes_from is None else shapes_from)
+        self.schedule, self.loss_fn = schedule, loss_fn
         self.local = {s: stages[s] for s in range(g.rank, schedule.stages, g.size)}
         self.actions = schedule.actions[g.rank]
         links = schedules.transfers(schedule)

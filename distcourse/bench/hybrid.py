@@ -1,0 +1,139 @@
+"""`python -m distcourse.bench hybrid [--json] [--quick]`: every layout of 8 ranks.
+
+One spawn of N ranks (8; 4 with --quick) trains the same TinyGPT under every
+layout dp x pp x tp of N (8x1x1 pure data parallelism, ..., 1x1x8 pure tensor
+parallelism), one after another in the same processes: a mesh per layout, a few
+warm-up steps, then timed steps, each started together (a barrier) and lasting as
+its slowest rank. Per layout: the median step time, and the bytes held by the
+fullest rank (parameters, gradients, AdamW's moments: counted; activations kept
+for backward: measured at the step's peak), with its activations apart. `ratio` is
+the best layout's step time / pure data parallelism's: below 1, a hybrid wins here.
+The TP layers skip their shape agreement (`check=False`), as production code does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from distcourse.examples.gpt import GPTConfig, TinyGPT, token_batches
+from distcourse.launch import spawn
+from distcourse.parallel import hybrid
+
+
+@dataclass(frozen=True)
+class Config:
+    """Model sizes, the batch, how many steps; micro-batches are 2 per stage."""
+
+    ranks: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    block_size: int
+    batch: int
+    warmup: int
+    steps: int
+
+    def gpt(self) -> GPTConfig:
+        return GPTConfig(vocab=64, block_size=self.block_size, n_layer=self.n_layer,
+                         n_head=self.n_head, n_embd=self.n_embd)  # fmt: skip
+
+
+FULL = Config(ranks=8, n_layer=8, n_head=8, n_embd=64, block_size=32, batch=32,
+              warmup=2, steps=8)  # fmt: skip
+QUICK = Config(ranks=4, n_layer=4, n_head=4, n_embd=16, block_size=8, batch=16,
+               warmup=1, steps=2)  # fmt: skip
+
+
+def micro_batches(layout: hybrid.Layout) -> int:
+    """2 per pipeline stage (1F1B's bubble (p-1)/(m+p-1) under a third); 1 without."""
+    return 2 * layout.pp if layout.pp > 1 else 1
+
+
+def measure(cfg: Config) -> list[dict]:
+    """On every rank of a world of cfg.ranks: one row per layout (the same rows on
+    every rank): median step time, the fullest rank's bytes and its activations."""
+    gpt, rows = cfg.gpt(), []
+    batches = token_batches(cfg.warmup + cfg.steps, cfg.batch, gpt)
+    for layout in hybrid.layouts(cfg.ranks):
+        mesh = hybrid.make_mesh(layout, gpt)
+        torch.manual_seed(0)
+        net = hybrid.HybridGPT(
+            TinyGPT(gpt), mesh, micro_batches=micro_batches(layout), check=False
+        )
+        times = torch.zeros(cfg.steps, dtype=torch.float64)
+        for i, (x, y) in enumerate(batches):
+            dist.barrier()
+            start = time.perf_counter()
+            net.step(x, y)
+            if i >= cfg.warmup:
+                times[i - cfg.warmup] = time.perf_counter() - start
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step lasts as its slowest
+        held = net.held()
+        mine = torch.tensor([sum(held.values()), held["activations"]])
+        every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, mine)
+        memory = max(every, key=lambda m: m[0].item())  # the fullest rank's
+        net.close()
+        rows.append(dict(
+            layout=layout.name, dp=layout.dp, pp=layout.pp, tp=layout.tp,
+            micro_batches=micro_batches(layout),
+            step_ms=round(1000 * statistics.median(times.tolist()), 3),
+            memory_kib=round(memory[0].item() / 1024, 1),
+            activations_kib=round(memory[1].item() / 1024, 1),
+        ))  # fmt: skip
+    return rows
+
+
+def run(cfg: Config) -> dict:
+    """The report: the table, the best layout, ratio = best / pure DP's step time."""
+    rows = spawn(measure, cfg.ranks, cfg, timeout=120, deadline=600)[0]
+    pure = next(r for r in rows if r["dp"] == cfg.ranks)
+    best = min(rows, key=lambda r: r["step_ms"])
+    return dict(
+        benchmark="hybrid", ratio=round(best["step_ms"] / pure["step_ms"], 3),
+        best=best["layout"], ranks=cfg.ranks,
+        load=[round(v, 2) for v in os.getloadavg()], cpus=os.cpu_count(),
+        config=asdict(cfg), table=rows,
+    )  # fmt: skip
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows as an aligned text table; the step time last, so that a book can
+    mask it ("T ms") without the columns moving."""
+    lines = [f"{'dp x pp x tp':>12} {'m':>3} {'memory KiB':>11} {'activations':>11}"
+             "  step"]  # fmt: skip
+    for r in rows:
+        lines.append(
+            f"{r['layout']:>12} {r['micro_batches']:>3} {r['memory_kib']:>11.1f} "
+            f"{r['activations_kib']:>11.1f}  {r['step_ms']:.1f} ms"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Parse options, run, print a table (or one JSON object)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m distcourse.bench hybrid",
+        description="Step time and memory per rank of every dp x pp x tp layout.",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="4 ranks, tiny, 2 steps")
+    args = parser.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    report = run(cfg)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"load {report['load']} on {report['cpus']} CPUs; {cfg}")
+    print(format_table(report["table"]))
+    print(f"best {report['best']}: {report['ratio']:.2f} x pure data parallelism's "
+          "step time")  # fmt: skip
+    return 0

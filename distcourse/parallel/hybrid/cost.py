@@ -1,0 +1,68 @@
+"""What a layout costs, by formula: bytes each axis sends per step, parameters held.
+
+float32 throughout (4 bytes). For a whole batch of B sequences of T tokens, width C,
+vocabulary V, L blocks, on a rank of pipeline stage s (of pp) in a layout
+dp x pp x tp, with b = B / dp sequences in its share and A = 4 b T C the bytes of
+one activation of the share (summed over micro-batches):
+
+    tp: every block all-reduces one activation in forward (g, after attention and
+        after the MLP) and one in backward (f, before each): 4 A per block; stage 0
+        adds the vocabulary-parallel embedding's forward all-reduce (A), the last
+        stage the head's f (A) and the loss's max and (sum, target) all-reduces
+        (3 x 4 b T);
+    pp: stage s sends its activations forward unless it is last (A) and its input
+        gradients back unless it is first (A);
+    dp: the all-reduce of every gradient this rank holds: 4 x its parameters.
+
+The ledger counts what a rank contributes to a collective (its tensor), not what
+the ring puts on the wire: that is 2 (N - 1) / N times as much (chapter 2).
+"""
+
+from __future__ import annotations
+
+from distcourse.examples.gpt import GPTConfig
+from distcourse.parallel.hybrid.layout import Layout
+
+FLOAT = 4  # bytes
+
+
+def parameters_held(layout: Layout, cfg: GPTConfig, stage: int) -> int:
+    """Parameters on a rank of pipeline stage `stage`: its blocks' (and embeddings' or
+    head's) split weights / tp, plus the replicated norms, positions, row biases."""
+    C, V, tp = cfg.n_embd, cfg.vocab, layout.tp
+    per_block = (
+        2 * C  # ln1
+        + 4 * (C * C) // tp + 3 * C // tp + C  # q, k, v, proj; proj's bias whole
+        + 2 * C  # ln2
+        + (4 * C * C + 4 * C) // tp  # fc (column)
+        + (4 * C * C) // tp + C  # proj (row)
+    )  # fmt: skip
+    held = cfg.n_layer // layout.pp * per_block
+    if stage == 0:
+        held += V * C // tp + cfg.block_size * C  # tokens split, positions whole
+    if stage == layout.pp - 1:
+        held += 2 * C + V * C // tp  # ln_f, head (no bias)
+    return held
+
+
+def bytes_per_step(
+    layout: Layout, cfg: GPTConfig, batch: int, stage: int
+) -> dict[str, int]:
+    """Bytes a rank of pipeline stage `stage` sends per step along each axis."""
+    b, T, C = batch // layout.dp, cfg.block_size, cfg.n_embd
+    A = FLOAT * b * T * C
+    first, last = stage == 0, stage == layout.pp - 1
+    blocks = cfg.n_layer // layout.pp
+    tp = A * (4 * blocks + first + last) + 3 * FLOAT * b * T * last
+    pp = A * ((not last) + (not first))
+    dp = FLOAT * parameters_held(layout, cfg, stage)
+    return dict(
+        dp=dp if layout.dp > 1 else 0, pp=pp if layout.pp > 1 else 0,
+        tp=tp if layout.tp > 1 else 0,
+    )  # fmt: skip
+
+
+def memory_per_rank(layout: Layout, cfg: GPTConfig, stage: int) -> int:
+    """Bytes of model state on a rank: parameters, gradients, AdamW's two moments
+    (4 + 4 + 8 = 16 bytes per parameter held). Activations are measured apart."""
+    return 4 * FLOAT * parameters_held(layout, cfg, stage)

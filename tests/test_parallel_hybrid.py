@@ -1,0 +1,108 @@
+"""Hybrid parallelism on real gloo ranks: DP x TP, DP x PP and DP x TP x PP train a
+TinyGPT to one process's losses and parameters; each axis sends the bytes its
+formula says; bad layouts are refused before any group exists."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from distcourse.examples.gpt import GPTConfig, TinyGPT
+from distcourse.launch import spawn
+from distcourse.parallel import hybrid
+from distcourse.runtime import RankError
+
+CFG = GPTConfig()  # vocab 64, 2 blocks, 4 heads, 32 wide, 16 tokens
+STEPS, BATCH = 6, 8
+LOSS_TOL = 1e-5  # measured 5e-7
+PARAM_TOL = 1e-4  # measured 2e-5 (AdamW divides rounding noise by its root)
+
+
+def _train(shape: tuple[int, int, int], micro_batches: int) -> dict:
+    layout = hybrid.Layout(*shape)
+    found = hybrid.against_one_process(
+        layout, CFG, steps=STEPS, batch=BATCH, micro_batches=micro_batches
+    )
+    stage = found["coordinate"]["pp"]
+    return {**found, "held_formula": hybrid.parameters_held(layout, CFG, stage)}
+
+
+@pytest.mark.parametrize(
+    "shape, micro_batches",
+    [((2, 1, 2), 1), ((2, 2, 1), 2), ((2, 2, 2), 2)],
+    ids=["dp2xtp2", "dp2xpp2", "dp2xpp2xtp2"],
+)
+def test_layout_equals_one_process(shape: tuple, micro_batches: int) -> None:
+    world = shape[0] * shape[1] * shape[2]
+    for rank, r in enumerate(spawn(_train, world, shape, micro_batches, timeout=60)):
+        assert r["alone"][-1] < r["alone"][0] - 0.5  # it learns
+        assert r["loss_diff"] <= LOSS_TOL, (rank, r["loss_diff"])
+        assert r["param_diff"] <= PARAM_TOL, (rank, r["param_diff"])
+        assert r["covered"]  # every parameter of the model is on some rank
+        assert r["bytes"] == r["formula"], (rank, r["bytes"], r["formula"])
+        assert r["held"] == r["held_formula"]
+        assert r["memory"]["params"] == 4 * r["held"]
+        assert r["memory"]["activations"] > 0
+
+
+def test_layouts_of_eight_ranks() -> None:
+    names = [lay.name for lay in hybrid.layouts(8)]
+    assert names[0] == "8x1x1" and len(names) == len(set(names)) == 10
+    assert {"2x2x2", "1x1x8", "1x8x1", "4x1x2", "2x1x4"} <= set(names)
+    assert hybrid.Layout(2, 2, 2).grid() == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+
+
+@pytest.mark.parametrize(
+    "layout, cfg, options, message",
+    [
+        (hybrid.Layout(2, 2, 2), CFG, dict(world=4), "= 8 ranks, but the world has 4"),
+        (hybrid.Layout(1, 3, 1), CFG, {}, "n_layer=2 blocks do not divide into pp=3"),
+        (hybrid.Layout(1, 1, 3), GPTConfig(vocab=66, n_head=4, n_embd=36), {},
+         "n_head=4 is not divisible by tp=3"),
+        (hybrid.Layout(1, 1, 4), GPTConfig(vocab=66), {},
+         "vocab=66 is not divisible by tp=4"),
+        (hybrid.Layout(3, 1, 1), CFG, dict(batch=8), "does not split into dp=3"),
+        (hybrid.Layout(2, 2, 1), CFG, dict(batch=8, micro_batches=3),
+         "does not split into 3 micro-batches"),
+        (hybrid.Layout(2, 1, 1), CFG, dict(micro_batches=2),
+         "micro_batches=2 needs a pipeline: pp=1"),
+    ],
+)  # fmt: skip
+def test_bad_layouts_are_refused_naming_the_degree(
+    layout: hybrid.Layout, cfg: GPTConfig, options: dict, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        hybrid.check(layout, cfg, **options)
+
+
+def test_degrees_must_be_positive_integers() -> None:
+    with pytest.raises(ValueError, match="tp must be a positive integer"):
+        hybrid.Layout(2, 1, 0)
+
+
+def _bad_mesh() -> str:
+    groups = dist.distributed_c10d.get_pg_count()
+    try:
+        hybrid.make_mesh(hybrid.Layout(2, 2, 1), CFG)
+    except ValueError as err:
+        assert dist.distributed_c10d.get_pg_count() == groups  # none made
+        return str(err)
+    return "no error"
+
+
+def test_mesh_of_the_wrong_size_is_refused_before_any_group() -> None:
+    assert (
+        spawn(_bad_mesh, 2, timeout=30)
+        == ["layout dp=2 x pp=2 x tp=1 = 4 ranks, but the world has 2"] * 2
+    )
+
+
+def _wrong_axes() -> None:
+    from distcourse.mesh import Mesh
+
+    hybrid.HybridGPT(TinyGPT(CFG), Mesh((2,), ("dp",)))
+
+
+def test_a_mesh_with_other_axes_is_refused() -> None:
+    with pytest.raises(RankError, match="a hybrid mesh has axes"):
+        spawn(_wrong_axes, 2, timeout=30)
