@@ -13,8 +13,6 @@ The TP layers skip their shape agreement (`check=False`), as production code doe
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import time
@@ -23,6 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from distcourse.bench import common
 from distcourse.examples.gpt import GPTConfig, TinyGPT, token_batches
 from distcourse.launch import spawn
 from distcourse.parallel import hybrid
@@ -120,20 +119,16 @@ def format_table(rows: list[dict]) -> str:
 
 def main(argv: list[str]) -> int:
     """Parse options, run, print a table (or one JSON object)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m distcourse.bench hybrid",
-        description="Step time and memory per rank of every dp x pp x tp layout.",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--quick", action="store_true", help="4 ranks, tiny, 2 steps")
+    parser = common.parser(
+        "hybrid", "Step time and memory per rank of every dp x pp x tp layout.",
+        "4 ranks, tiny, 2 steps",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    report = run(cfg)
-    if args.json:
-        print(json.dumps(report))
-        return 0
-    print(f"load {report['load']} on {report['cpus']} CPUs; {cfg}")
-    print(format_table(report["table"]))
-    print(f"best {report['best']}: {report['ratio']:.2f} x pure data parallelism's "
-          "step time")  # fmt: skip
-    return 0
+    result = run(cfg)
+    return common.report(result, args.json, lambda: [
+        f"load {result['load']} on {result['cpus']} CPUs; {cfg}",
+        format_table(result["table"]),
+        f"best {result['best']}: {result['ratio']:.2f} x pure data parallelism's "
+        "step time",
+    ])  # fmt: skip
