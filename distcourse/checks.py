@@ -6,6 +6,8 @@ Whether replicas agree with each other is `parallel.replicas`' question.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -43,3 +45,23 @@ def verdict(difference: float, tolerance: float) -> str:
     if difference <= tolerance:
         return f"<= {tolerance:.0e}: PASS"
     return f"= {difference:.1e} > {tolerance:.0e}: FAIL"
+
+
+def outcomes(
+    cases: dict[str, Callable[[], object]],
+    kinds: tuple[type[BaseException], ...] = (ValueError, TypeError),
+    with_type: bool = False,
+) -> list[str]:
+    """Run each case and say how it ended: 'name: its error message' (with the error's
+    type first if `with_type`), or 'name: no error'. For showing, on every rank, that
+    bad input is refused with the words a reader needs; an error of another kind
+    propagates."""
+    got = []
+    for name, case in cases.items():
+        try:
+            case()
+            got.append(f"{name}: no error")
+        except kinds as err:
+            kind = f"{type(err).__name__}: " if with_type else ""
+            got.append(f"{name}: {kind}{err}")
+    return got

@@ -33,3 +33,15 @@ def _rank_values() -> tuple[float, bool, float]:
 def test_max_over_ranks_and_same_on_all_ranks_on_three_ranks() -> None:
     results = spawn(_rank_values, 3, timeout=10)
     assert results == [(1.0, True, False)] * 3
+
+
+def test_outcomes_says_how_each_case_ended_and_lets_other_errors_through() -> None:
+    def bad() -> None:
+        raise ValueError("world_size=3 is not divisible by 2")
+
+    got = checks.outcomes({"fine": lambda: None, "bad": bad})
+    assert got == ["fine: no error", "bad: world_size=3 is not divisible by 2"]
+    typed = checks.outcomes({"bad": bad}, with_type=True)
+    assert typed == ["bad: ValueError: world_size=3 is not divisible by 2"]
+    with pytest.raises(KeyError):
+        checks.outcomes({"other": lambda: {}["x"]})

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import distcourse.global_tensor as gt
+from distcourse import checks
 from distcourse.launch import spawn
 
 KINDS = [gt.sbp.split(0), gt.sbp.split(1), gt.sbp.broadcast, gt.sbp.partial_sum]
@@ -81,13 +82,7 @@ def _errors() -> list[str]:
         ),  # fmt: skip
         "random op without a rule": lambda: torch.nn.functional.dropout(x),
     }
-    got = []
-    for name, fn in cases.items():
-        try:
-            fn()
-            got.append(f"{name}: no error")
-        except (ValueError, NotImplementedError) as err:
-            got.append(f"{name}: {type(err).__name__}: {err}")
+    got = checks.outcomes(cases, (ValueError, NotImplementedError), with_type=True)
     one = gt.placement("cpu", ranks=[0])
     try:
         gt.zeros(2, placement=one, sbp=gt.sbp.broadcast)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import distcourse.global_tensor as gt
+from distcourse import checks
 from distcourse.comm.ledger import Ledger
 from distcourse.examples.gpt import MLP
 from distcourse.global_tensor import layouts
@@ -109,13 +110,7 @@ def _errors() -> list[str]:
         "linear": lambda: layouts.dp_tp_plan(MLP(8), column=["drop"]),
         "type": lambda: gt.parallelize(odd, [[0, 1], [2, 3]], {}),
     }
-    got = []
-    for name, fn in cases.items():
-        try:
-            fn()
-            got.append(f"{name}: no error")
-        except (ValueError, TypeError) as err:
-            got.append(f"{name}: {err}")
+    got = checks.outcomes(cases)
     return got
 
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import distcourse.global_tensor as gt
+from distcourse import checks
 from distcourse.comm.ledger import Ledger
 from distcourse.examples.gpt import MLP
 from distcourse.global_tensor import layouts
@@ -100,13 +101,7 @@ def _errors() -> list[str]:
         "shape": lambda: gt.Stages(parts, [first, flat], plans),
         "plan": lambda: gt.Stages(parts, [first, second], [plans[0], {}]),
     }
-    got = []
-    for name, fn in cases.items():
-        try:
-            fn()
-            got.append(f"{name}: no error")
-        except (ValueError, TypeError) as err:
-            got.append(f"{name}: {err}")
+    got = checks.outcomes(cases)
     ok = gt.Stages([MLP(C), MLP(C)], [first, gt.placement("cpu", ranks=[[4, 5],
                                                                          [6, 7]])],
                    plans)  # fmt: skip
