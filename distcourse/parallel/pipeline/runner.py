@@ -38,7 +38,8 @@ class Pipeline:
     `stages` is the whole split (same on every rank, e.g. split_by_count(model, S));
     the rank of group rank r keeps stages r, r + p, ... A collective: every rank of
     the world constructs its Pipeline at the same time. `handshake` as in Links:
-    "first" (shapes checked on a link's first transfer of each shape) or "every".
+    "first" (shapes agreed on every link when a step meets new ones, then bare
+    tensors, receives posted ahead) or "every" (a handshake per transfer).
     """
 
     def __init__(
@@ -72,6 +73,9 @@ class Pipeline:
         mine = [(k, self.ranks[a], self.ranks[b]) for k, a, b in links
                 if g.rank in (a, b)]  # fmt: skip
         self.links = Links(mine, as_timedelta(timeout), handshake)
+        self.transfers = {(k, self.ranks[a], self.ranks[b]): order
+                          for (k, a, b), order in links.items()
+                          if g.rank in (a, b)}  # fmt: skip
         self.group = g.group
         self.events: list[trace.Event] = []
         self.meter = ActivationMeter(self.local.values())
@@ -135,6 +139,8 @@ class Pipeline:
             self.shapes[key] = stage_shapes(self.all_stages, micro_shape, dtype,
                                             self.describe)  # fmt: skip
         shapes, m = self.shapes[key], self.schedule.micro_batches
+        # new shapes are agreed with the neighbours before anything else is sent
+        self.links.begin(*self._plan(shapes), self.describe)
         xs = None if x is None else x.chunk(m)
         ys = None if target is None else target.chunk(m)
         self.events = []  # this step's only
@@ -157,6 +163,20 @@ class Pipeline:
             raise RuntimeError(f"rank {self.rank}: {err}") from err
         return torch.stack(losses).sum() if losses else None
 
+    def _plan(self, shapes: list[Shape]) -> tuple[dict, dict]:
+        """What this rank sends and receives on each link, in order, as (sending
+        stage, shape): activations of stage s are shapes[s + 1], the gradients it
+        sends back shapes[s]."""
+        sends: dict = {}
+        recvs: dict = {}
+        for link, (sent, received) in self.transfers.items():
+            up = 1 if link[0] == "F" else 0
+            if link[1] == self.rank:
+                sends[link] = [(s, shapes[s + up]) for s, _ in sent]
+            if link[2] == self.rank:
+                recvs[link] = [(s, shapes[s + up]) for s, _ in received]
+        return sends, recvs
+
     def _forward(self, a, xs, ys, shapes, held) -> list[Tensor]:
         s, j, last = a.stage, a.micro, self.schedule.stages - 1
         if s == 0:
@@ -173,7 +193,7 @@ class Pipeline:
         held[(s, j)] = (inp, out)
         if s == last:
             return [out.detach()]
-        self.links.send(("F", self.rank, self.rank_of(s + 1)), out)
+        self.links.send(("F", self.rank, self.rank_of(s + 1)), out, shapes[s + 1])
         return []
 
     def _backward(self, a, shapes, held) -> None:
@@ -187,7 +207,8 @@ class Pipeline:
             torch.autograd.backward(out, grad)
         self.meter.release((s, j))
         if s > 0:
-            self.links.send(("B", self.rank, self.rank_of(s - 1)), inp.grad)
+            self.links.send(("B", self.rank, self.rank_of(s - 1)), inp.grad,
+                            shapes[s])  # fmt: skip
 
     def close(self) -> None:
         """Stop the sender threads."""
