@@ -4,7 +4,9 @@
        activation; run the stage; on the last stage compute loss_j / m; otherwise
        send the output to s + 1.
     B on stage s, micro-batch j: backward from loss_j / m (last stage) or from the
-       gradient s + 1 sends; send the input's gradient to s - 1.
+       gradient s + 1 sends; send the input's gradient to s - 1. In a schedule
+       with W actions (ZB-H1), B computes only that input gradient and
+    W on stage s, micro-batch j: the weights' gradients B left (zero_bubble).
 
 Dividing each micro-batch's mean loss by m makes the gradients those of the whole
 batch's mean loss, so the result equals one process on the whole batch. Every step
@@ -25,7 +27,7 @@ from torch import Tensor, nn
 from distcourse import runtime, trace
 from distcourse.comm import p2p
 from distcourse.comm.agree import Group, members
-from distcourse.parallel.pipeline import schedules
+from distcourse.parallel.pipeline import schedules, zero_bubble
 from distcourse.parallel.pipeline.links import Links
 from distcourse.parallel.pipeline.shapes import Shape, stage_shapes
 from distcourse.parallel.pipeline.stats import ActivationMeter
@@ -80,6 +82,7 @@ class Pipeline:
         self.events: list[trace.Event] = []
         self.meter = ActivationMeter(self.local.values())
         self.shapes: dict[tuple, list[Shape]] = {}
+        self.later: dict[tuple[int, int], Callable[[], None]] = {}  # B's W
 
     def rank_of(self, stage: int) -> int:
         """Global rank holding `stage`."""
@@ -151,8 +154,10 @@ class Pipeline:
             try:
                 if a.kind == "F":
                     losses += self._forward(a, xs, ys, shapes, held)
-                else:
+                elif a.kind == "B":
                     self._backward(a, shapes, held)
+                else:
+                    self._weight(a)
             except Exception as err:
                 cls = ValueError if isinstance(err, ValueError) else RuntimeError
                 raise cls(f"{self.describe(a.stage)}, {a.kind} of micro-batch "
@@ -204,11 +209,22 @@ class Pipeline:
             link = ("B", self.rank_of(s + 1), self.rank)
             grad = self.links.recv(link, (out.shape, out.dtype))
         with trace.span(self.events, f"B {s} {j}"):
-            torch.autograd.backward(out, grad)
-        self.meter.release((s, j))
+            if self.schedule.split:  # the input's gradient now, the weights' in W
+                params = list(self.local[s].parameters())
+                self.later[(s, j)] = zero_bubble.backward_input(out, grad, inp, params)
+            else:
+                torch.autograd.backward(out, grad)
+                self.meter.release((s, j))
         if s > 0:
             self.links.send(("B", self.rank, self.rank_of(s - 1)), inp.grad,
                             shapes[s])  # fmt: skip
+
+    def _weight(self, a) -> None:
+        """W: the weights' gradients that B left; the micro-batch's graph is freed."""
+        weight = self.later.pop((a.stage, a.micro))
+        with trace.span(self.events, f"W {a.stage} {a.micro}"):
+            weight()
+        self.meter.release((a.stage, a.micro))
 
     def close(self) -> None:
         """Stop the sender threads."""
