@@ -39,7 +39,8 @@ def backward_input(
         torch.autograd.backward(out, grad)
         return lambda: None
     caught: dict[Node, tuple] = {}
-    hooks = [node.register_prehook(lambda g, node=node: caught.setdefault(node, g))
+    # each hook returns None: the gradient goes on unchanged
+    hooks = [node.register_prehook(lambda g, node=node: caught.__setitem__(node, g))
              for node in groups]  # fmt: skip
     try:
         (inp.grad,) = torch.autograd.grad(out, inp, grad, retain_graph=True)
