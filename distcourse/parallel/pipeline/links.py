@@ -79,14 +79,18 @@ class Links:
 
     # ------------------------------------------------- shapes agreed once ------
 
-    def begin(self, sends: Plan, recvs: Plan, describe: Describe = str) -> None:
+    def begin(self, sends: Plan, recvs: Plan, describe: Describe = str,
+              key: object = None) -> None:  # fmt: skip
         """Start a step: what each link will carry, in order, as (sending stage,
         shape). New shapes are agreed with the neighbours first, a header per link
         and stage (ValueError on both ranks if they differ, naming the stage with
-        `describe`); then each inbound link posts its first receives."""
+        `describe`); then each inbound link posts its first receives. `key` names
+        the plan (the same key, the same plan) so that a step need not compare it."""
         if self.every:
             return
-        plan = tuple(sorted((k, tuple(v)) for k, v in {**sends, **recvs}.items()))
+        if key is None:
+            key = tuple(sorted((k, tuple(v)) for k, v in {**sends, **recvs}.items()))
+        plan = key
         if plan not in self.agreed:
             out = [(shape, k[2], self.groups[k], _what(k, s, describe))
                    for k, v in sends.items() for s, shape in _once(v)]  # fmt: skip

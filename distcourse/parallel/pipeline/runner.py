@@ -83,6 +83,7 @@ class Pipeline:
         self.meter = ActivationMeter(self.local.values())
         self.shapes: dict[tuple, list[Shape]] = {}
         self.later: dict[tuple[int, int], Callable[[], None]] = {}  # B's W
+        self.plans: dict[tuple, tuple[dict, dict]] = {}  # per key: sends, receives
 
     def rank_of(self, stage: int) -> int:
         """Global rank holding `stage`."""
@@ -142,8 +143,10 @@ class Pipeline:
             self.shapes[key] = stage_shapes(self.all_stages, micro_shape, dtype,
                                             self.describe)  # fmt: skip
         shapes, m = self.shapes[key], self.schedule.micro_batches
+        if key not in self.plans:  # what each link carries, in order: once per key
+            self.plans[key] = self._plan(shapes)
         # new shapes are agreed with the neighbours before anything else is sent
-        self.links.begin(*self._plan(shapes), self.describe)
+        self.links.begin(*self.plans[key], self.describe, key=key)
         xs = None if x is None else x.chunk(m)
         ys = None if target is None else target.chunk(m)
         self.events = []  # this step's only
