@@ -34,6 +34,12 @@ def test_quick_json_report(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert report["ratio"] > 0 and report["ours_ms"] > 0 and report["torch_ms"] > 0
     assert len(report["load"]) == 3
+    rows = report["schedules"]  # our three schedules, timed in the same rounds
+    assert set(rows) == {"1F1B", "GPipe", "ZB-H1"}
+    assert rows["1F1B"]["bubble"] == report["bubble_measured"]
+    assert rows["GPipe"]["formula"] == report["bubble_formula"]
+    assert rows["ZB-H1"]["formula"] == round(3 / (3 * cfg.m4 + 3), 4)
+    assert all(row["step_ms"] > 0 and 0 < row["bubble"] < 1 for row in rows.values())
 
 
 def test_sleeping_blocks_take_their_time_forward_and_backward() -> None:

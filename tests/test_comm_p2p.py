@@ -218,3 +218,29 @@ def test_a_ledger_counts_header_ack_and_data_bytes() -> None:
     # two headers and 128 bytes one way, two acks back; the swap's 2h + 256 each way
     assert sent0 == got1 == (2 * h + 128) + (2 * h + 256) == 704
     assert got0 == sent1 == (2 * h) + (2 * h + 256) == 576
+
+
+def _agree(width: int) -> tuple[str, list[tuple[str, int]]]:
+    """Each rank announces an 8-wide tensor to the other and expects `width` back
+    from rank 1 (rank 0 always expects 8): only headers and acks move."""
+    me, other = dist.get_rank(), 1 - dist.get_rank()
+    mine = ((2, 8), torch.float32)
+    want = ((2, width if me == 0 else 8), torch.float32)
+    with Ledger() as ledger:
+        try:
+            p2p.agree_shapes([(mine, other, None, f"to {other}")],
+                             [(want, other, None, f"to {me}")])  # fmt: skip
+            error = ""
+        except ValueError as err:
+            error = str(err)
+    return error, [(r.kind, r.bytes) for r in ledger.records]
+
+
+def test_agree_shapes_checks_both_directions_at_once_and_moves_no_data() -> None:
+    for error, wire in spawn(_agree, 2, 8, timeout=10):
+        assert error == ""
+        header, ack = ("send", HEADER_BYTES), ("recv", HEADER_BYTES)
+        assert sorted(wire) == [ack, ack, header, header]  # one each way, each phase
+    errors = [error for error, _ in spawn(_agree, 2, 6, timeout=10)]
+    want = "to 0: rank 0 expected float32[2, 6] from rank 1, which sent float32[2, 8]"
+    assert errors[0] == errors[1] == want

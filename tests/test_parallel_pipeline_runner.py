@@ -22,6 +22,7 @@ MAKERS = {
     "GPipe": lambda p, m: pp.gpipe(p, m),
     "1F1B": lambda p, m: pp.one_f_one_b(p, m),
     "interleaved": lambda p, m: pp.interleaved(p, m, 2),
+    "ZB-H1": lambda p, m: pp.zb_h1(p, m),
 }
 
 
@@ -78,7 +79,7 @@ def _check(results: list[dict], names: list[str], m: int) -> None:
 
 
 def test_every_schedule_equals_one_process_on_two_ranks() -> None:
-    names, m = ["GPipe", "1F1B", "interleaved"], 4
+    names, m = ["GPipe", "1F1B", "interleaved", "ZB-H1"], 4
     results = spawn(_against_one_process, 2, names, m, timeout=10)
     _check(results, names, m)
     # measured activation memory: GPipe holds m micro-batches, 1F1B p - r of them
@@ -88,11 +89,12 @@ def test_every_schedule_equals_one_process_on_two_ranks() -> None:
         assert gpipe["peak"] * (2 - rank) == fb["peak"] * m > 0
 
 
-def test_1f1b_and_interleaved_equal_one_process_on_four_ranks() -> None:
-    names, m = ["1F1B", "interleaved"], 8
+def test_1f1b_interleaved_and_zb_h1_equal_one_process_on_four_ranks() -> None:
+    names, m = ["1F1B", "interleaved", "ZB-H1"], 8
     results = spawn(_against_one_process, 4, names, m, timeout=20)
     _check(results, names, m)
     assert [r["1F1B"]["count"] for r in results] == [4, 3, 2, 1]  # <= p
+    assert [r["ZB-H1"]["count"] for r in results] == [4, 4, 4, 4]  # held until W
 
 
 def _bad_input() -> dict[str, str]:

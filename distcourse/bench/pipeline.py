@@ -10,11 +10,19 @@ Three measurements, each a median over steps of the slowest rank's time:
 - bubble_error: on 4 ranks, 1F1B's idle share measured from its events, against
   (p - 1) / (m + p - 1);
 - ratio: on the same 4 ranks and stages, our 1F1B step time over torch's
-  Schedule1F1B, run in alternate rounds so that load drifts hit both alike.
+  Schedule1F1B, run in alternate rounds so that load drifts hit both alike;
+- schedules: in the same rounds, our GPipe and ZB-H1 too; each one's bubble and
+  formula ((p - 1) / (m + p - 1); ZB-H1's (p - 1) / (3m + p - 1) holds for equal F,
+  B and W times, as with --sleep) and step time.
 
 Stages are Linear+ReLU blocks; with --sleep each block instead sleeps (forward t per
-sample, backward 2t), so the numbers measure the schedules and our transfers, not how
-a loaded CPU shares its cores among ranks.
+sample, backward 2t: t for the input's gradient, t for the weight's, so ZB-H1's B
+and W each take t), so the numbers measure the schedules and our transfers, not how
+a loaded CPU shares its cores among ranks. The bench's parameters are those of the
+first measurement (t = 1 ms per sample at --sleep 0.001, m = 8 on 4 ranks): each
+1F1B transfer on the critical path costs about 0.6 ms on 2 loaded cores against
+stages of 32 ms forward, so the bubble's excess over the formula is mostly how long
+a loaded machine takes to wake a waiting rank.
 """
 
 from __future__ import annotations
@@ -53,18 +61,20 @@ QUICK = Config(width=32, blocks=4, batch=8, sweep=(2, 4), m4=4, warmup=1, steps=
 
 
 class Sleep(torch.autograd.Function):
-    """Identity that sleeps t per sample forward and 2t per sample backward."""
+    """Identity that sleeps `seconds` forward and `back` seconds backward."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, t: float) -> Tensor:  # noqa: ANN001
-        ctx.t = t * len(x)
-        time.sleep(ctx.t)
+    def forward(ctx, x: Tensor, seconds: float, back: float) -> Tensor:  # noqa: ANN001
+        ctx.back = back
+        if seconds:  # not even sleep(0): under load it can lose the core
+            time.sleep(seconds)
         return x.clone()
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # noqa: ANN001
-        time.sleep(2 * ctx.t)
-        return grad, None
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # noqa: ANN001
+        if ctx.back:
+            time.sleep(ctx.back)
+        return grad, None, None
 
 
 class Block(nn.Module):
@@ -77,8 +87,9 @@ class Block(nn.Module):
         self.scale = nn.Parameter(torch.ones(width)) if self.t else None
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.t:
-            return Sleep.apply(x * self.scale, self.t)  # a backward even on stage 0
+        if self.t:  # the backward's t per sample for the input, t for the scale
+            t = self.t * len(x)
+            return Sleep.apply(x * Sleep.apply(self.scale, 0.0, t), t, t)
         return F.relu(self.linear(x))
 
 
@@ -121,25 +132,40 @@ def _two_ranks(cfg: Config) -> list[list[float]]:
     return times.tolist()
 
 
+SCHEDULES = {"1F1B": pp.one_f_one_b, "GPipe": pp.gpipe, "ZB-H1": pp.zb_h1}
+
+
 def _four_ranks(cfg: Config) -> dict:
-    """Our 1F1B and torch's in alternate rounds; our events for the bubble."""
-    ours = pp.Pipeline(pp.split_by_count(_model(cfg), 4), pp.one_f_one_b(4, cfg.m4),
-                       F.mse_loss, timeout=60)  # fmt: skip
+    """Our 1F1B and torch's, our GPipe and ZB-H1, taking turns; our events give
+    each schedule's bubble."""
+    ours = {name: pp.Pipeline(pp.split_by_count(_model(cfg), 4), make(4, cfg.m4),
+                              F.mse_loss, timeout=60)
+            for name, make in SCHEDULES.items()}  # fmt: skip
     theirs = TorchPipeline(pp.split_by_count(_model(cfg), 4), "1F1B", cfg.m4,
                            F.mse_loss)  # fmt: skip
-    steps = []
+    steps: dict[str, list] = {name: [] for name in ours}
 
-    class Recorder:  # our step, keeping each step's events
+    class Recorder:  # one of our pipelines, keeping each step's events
+        def __init__(self, name: str) -> None:
+            self.name = name
+
         def step(self, x: Tensor, y: Tensor) -> None:
-            ours.step(x, y)
-            steps.append([(e.name, e.start, e.end) for e in ours.events])
+            pipe = ours[self.name]
+            pipe.step(x, y)
+            steps[self.name].append([(e.name, e.start, e.end) for e in pipe.events])
 
-    times = _timed([Recorder(), theirs], cfg)
-    ours.close()
+    runners = [Recorder("1F1B"), theirs, Recorder("GPipe"), Recorder("ZB-H1")]
+    times = _timed(runners, cfg)
+    for pipe in ours.values():
+        pipe.close()
     seen: list = [None] * dist.get_world_size()
-    dist.all_gather_object(seen, steps)  # after the timing: [rank][step][event]
-    bubbles = [pp.bubble([rank[i] for rank in seen]) for i in range(len(steps))]
-    return dict(times=times.tolist(), bubbles=bubbles[cfg.warmup :])
+    dist.all_gather_object(seen, steps)  # after the timing: [rank][name][step]
+    bubbles = {
+        name: [pp.bubble([rank[name][i] for rank in seen])
+               for i in range(cfg.warmup, len(steps[name]))]
+        for name in ours
+    }  # fmt: skip
+    return dict(times=times.tolist(), bubbles=bubbles)
 
 
 def _median(values: list[float]) -> float:
@@ -155,10 +181,16 @@ def run(cfg: Config) -> dict:
     best = max(range(1, len(ms)), key=lambda i: speedups[i])
     m = ms[best]
     four = spawn(_four_ranks, 4, cfg, timeout=60, deadline=600)[0]
-    t4 = torch.tensor(four["times"])
+    t4 = torch.tensor(four["times"])  # 1F1B, torch's 1F1B, GPipe, ZB-H1
     ratio = _median((t4[0] / t4[1]).tolist())
-    measured = _median(four["bubbles"])
+    measured = _median(four["bubbles"]["1F1B"])
     formula = pp.bubble_formula(4, cfg.m4)
+    formulas = {"1F1B": formula, "GPipe": formula, "ZB-H1": pp.zb_h1_bubble(4, cfg.m4)}
+    schedules = {}
+    for row, name in ((0, "1F1B"), (2, "GPipe"), (3, "ZB-H1")):
+        bubble, took = _median(four["bubbles"][name]), _median(t4[row].tolist())
+        schedules[name] = dict(bubble=round(bubble, 4), step_ms=round(1000 * took, 3),
+                               formula=round(formulas[name], 4))  # fmt: skip
     table = [dict(m=mm, step_ms=round(1000 * s, 3), speedup=round(sp, 3),
                   limit=round(2 * mm / (mm + 1), 3))
              for mm, s, sp in zip(ms, step, speedups, strict=True)]  # fmt: skip
@@ -170,6 +202,7 @@ def run(cfg: Config) -> dict:
         ratio=round(ratio, 3),
         ours_ms=round(1000 * _median(t4[0].tolist()), 3),
         torch_ms=round(1000 * _median(t4[1].tolist()), 3),
+        schedules=schedules,
         load=[round(v, 2) for v in os.getloadavg()], cpus=os.cpu_count(),
         config=asdict(cfg), table=table,
     )  # fmt: skip
@@ -209,4 +242,9 @@ def main(argv: list[str]) -> int:
         f"ranks: bubble {report['bubble_measured']:.3f} vs formula "
         f"{report['bubble_formula']:.3f}; ours/torch {report['ratio']:.2f}"
     )
+    for name, row in report["schedules"].items():
+        print(
+            f"{name:>6} on 4 ranks: bubble {row['bubble']:.3f} vs formula "
+            f"{row['formula']:.3f}, step {row['step_ms']:.1f} ms"
+        )
     return 0

@@ -181,3 +181,51 @@ def recv_tensor(src: int, group: Group = None, expect: Expect | None = None) -> 
     ValueError naming both.
     """
     return _transfer("recv_tensor", None, None, src, group, expect)
+
+
+Wire = tuple[Expect, int, Group, str]  # (shape, dtype), peer, group, what it carries
+
+
+def agree_shapes(sends: list[Wire], recvs: list[Wire]) -> None:
+    """The handshake alone, for many transfers at once, before any of their data.
+
+    A sender whose shapes are fixed (a pipeline stage after shape inference) can shake
+    hands once and then send bare tensors. For each entry of `sends` this rank sends
+    the header of what it will send to that peer; for each of `recvs` it receives a
+    header, and acks with the header it expects. All headers go out, then all acks,
+    each phase posted at once, so neighbours that send to each other cannot
+    deadlock. Entries to one peer over one group are matched in order, as the data
+    will be. A mismatch raises the same ValueError on both ranks, naming both and
+    starting with the entry's label (what the transfer carries).
+    """
+    name = "agree_shapes"
+    out = [(_header(tuple(s), d, name), _peer(p, "dst", members(g, name), name), g, w)
+           for (s, d), p, g, w in sends]  # fmt: skip
+    into = [(_header(tuple(s), d, name), _peer(p, "src", members(g, name), name), g, w)
+            for (s, d), p, g, w in recvs]  # fmt: skip
+    device = runtime.device()
+    got = [_blank(device) for _ in into]
+    acks = [_blank(device) for _ in out]
+    for phase in ((out, into, got), (into, out, acks)):  # headers, then acks
+        sent, answered, blanks = phase
+        works = [dist.isend(torch.tensor(h, device=device), p, group=g)
+                 for h, p, g, _ in sent]  # fmt: skip
+        works += [dist.irecv(t, e[1], group=e[2])
+                  for t, e in zip(blanks, answered, strict=True)]  # fmt: skip
+        for work in works:
+            work.wait()
+    me = dist.get_rank()
+    errors = []
+    for (want, src, _, what), header in zip(into, got, strict=True):
+        theirs = header.tolist()
+        _parse(theirs, src, name)
+        if theirs != want:
+            errors.append(_mismatch(what, me, want, src, theirs))
+    for (mine, dst, _, what), ack in zip(out, acks, strict=True):
+        expected = ack.tolist()
+        _parse(expected, dst, name)
+        if expected != mine:
+            errors.append(_mismatch(what, dst, expected, me, mine))
+    if errors:  # the receiver's and the sender's view of one link read the same
+        errors.sort(key=str)
+        raise errors[0] if len(errors) == 1 else ValueError("; ".join(map(str, errors)))

@@ -131,9 +131,10 @@ def gantt(
     per_rank: Sequence[Sequence[Event | tuple[str, float, float]]], title: str = ""
 ) -> Figure:
     """A pipeline step: one row per rank, a bar per action, labelled with its
-    micro-batch. Events are named "F stage micro" or "B stage micro" (as
-    `parallel.pipeline` records them); forwards blue, backwards orange, and with
-    several stages per rank, each later stage a lighter shade."""
+    micro-batch. Events are named "F stage micro", "B stage micro" or "W stage micro"
+    (as `parallel.pipeline` records them); forwards blue, backwards orange, weight
+    gradients (ZB-H1's W) green, and with several stages per rank, each later stage
+    a lighter shade."""
     ranks = [as_events(evs) for evs in per_rank]
     t0 = min((e.start for evs in ranks for e in evs), default=0.0)
     fig, ax = plt.subplots(figsize=(8, 0.5 + 0.5 * len(ranks)))
@@ -141,7 +142,7 @@ def gantt(
         for e in evs:
             kind, stage, micro = e.name.split()
             shade = 1.0 - 0.45 * (int(stage) // len(ranks) > 0)
-            color = "C0" if kind == "F" else "C1"
+            color = {"F": "C0", "B": "C1"}.get(kind, "C2")  # W (ZB-H1): green
             ax.barh(r, 1e3 * e.seconds, left=1e3 * (e.start - t0), height=0.7,
                     color=color, alpha=shade, edgecolor="white")  # fmt: skip
             ax.text(1e3 * (e.start - t0 + e.seconds / 2), r, micro, ha="center",

@@ -5,6 +5,7 @@
     loss = pipe.step(x, y)                     # x on stage 0's rank, y on the last's
 
 split: where to cut; schedules: GPipe, 1F1B, interleaved 1F1B as lists of actions;
+zero_bubble: ZB-H1, its backward split into input (B) and weight (W) gradients;
 runner: executes them with comm.p2p; links: the threads and groups that carry the
 transfers; shapes: each stage's input checked before any send; stats: activation
 memory held and the bubble measured from the events.
@@ -31,10 +32,11 @@ from distcourse.parallel.pipeline.split import (
     split_by_count,
 )
 from distcourse.parallel.pipeline.stats import ActivationMeter, bubble, parse
+from distcourse.parallel.pipeline.zero_bubble import backward_input, zb_h1, zb_h1_bubble
 
 __all__ = [
     "Action", "ActivationMeter", "Pipeline", "Schedule", "balance", "bubble",
     "bubble_formula", "check", "gpipe", "in_flight", "interleaved", "layer_times",
     "one_f_one_b", "parse", "simulate", "split_at", "split_balanced",
-    "split_by_count", "transfers",
+    "split_by_count", "transfers", "backward_input", "zb_h1", "zb_h1_bubble",
 ]  # fmt: skip

@@ -4,7 +4,9 @@
        activation; run the stage; on the last stage compute loss_j / m; otherwise
        send the output to s + 1.
     B on stage s, micro-batch j: backward from loss_j / m (last stage) or from the
-       gradient s + 1 sends; send the input's gradient to s - 1.
+       gradient s + 1 sends; send the input's gradient to s - 1. In a schedule
+       with W actions (ZB-H1), B computes only that input gradient and
+    W on stage s, micro-batch j: the weights' gradients B left (zero_bubble).
 
 Dividing each micro-batch's mean loss by m makes the gradients those of the whole
 batch's mean loss, so the result equals one process on the whole batch. Every step
@@ -25,7 +27,7 @@ from torch import Tensor, nn
 from distcourse import runtime, trace
 from distcourse.comm import p2p
 from distcourse.comm.agree import Group, members
-from distcourse.parallel.pipeline import schedules
+from distcourse.parallel.pipeline import schedules, zero_bubble
 from distcourse.parallel.pipeline.links import Links
 from distcourse.parallel.pipeline.shapes import Shape, stage_shapes
 from distcourse.parallel.pipeline.stats import ActivationMeter
@@ -38,7 +40,8 @@ class Pipeline:
     `stages` is the whole split (same on every rank, e.g. split_by_count(model, S));
     the rank of group rank r keeps stages r, r + p, ... A collective: every rank of
     the world constructs its Pipeline at the same time. `handshake` as in Links:
-    "first" (shapes checked on a link's first transfer of each shape) or "every".
+    "first" (shapes agreed on every link when a step meets new ones, then bare
+    tensors, receives posted ahead) or "every" (a handshake per transfer).
     `shapes_from`: stages of the same shapes whose forward sends nothing, to find
     the shapes on "meta" in place of `stages` (e.g. the one-process twins of
     tensor-parallel stages, whose collectives cannot run on meta tensors).
@@ -81,10 +84,15 @@ class Pipeline:
         mine = [(k, self.ranks[a], self.ranks[b]) for k, a, b in links
                 if g.rank in (a, b)]  # fmt: skip
         self.links = Links(mine, as_timedelta(timeout), handshake)
+        self.transfers = {(k, self.ranks[a], self.ranks[b]): order
+                          for (k, a, b), order in links.items()
+                          if g.rank in (a, b)}  # fmt: skip
         self.group = g.group
         self.events: list[trace.Event] = []
         self.meter = ActivationMeter(self.local.values())
         self.shapes: dict[tuple, list[Shape]] = {}
+        self.later: dict[tuple[int, int], Callable[[], None]] = {}  # B's W
+        self.plans: dict[tuple, tuple[dict, dict]] = {}  # per key: sends, receives
 
     def rank_of(self, stage: int) -> int:
         """Global rank holding `stage`."""
@@ -144,6 +152,10 @@ class Pipeline:
             self.shapes[key] = stage_shapes(self.all_stages, micro_shape, dtype,
                                             self.describe)  # fmt: skip
         shapes, m = self.shapes[key], self.schedule.micro_batches
+        if key not in self.plans:  # what each link carries, in order: once per key
+            self.plans[key] = self._plan(shapes)
+        # new shapes are agreed with the neighbours before anything else is sent
+        self.links.begin(*self.plans[key], self.describe, key=key)
         xs = None if x is None else x.chunk(m)
         ys = None if target is None else target.chunk(m)
         self.events = []  # this step's only
@@ -154,8 +166,10 @@ class Pipeline:
             try:
                 if a.kind == "F":
                     losses += self._forward(a, xs, ys, shapes, held)
-                else:
+                elif a.kind == "B":
                     self._backward(a, shapes, held)
+                else:
+                    self._weight(a)
             except Exception as err:
                 cls = ValueError if isinstance(err, ValueError) else RuntimeError
                 raise cls(f"{self.describe(a.stage)}, {a.kind} of micro-batch "
@@ -165,6 +179,20 @@ class Pipeline:
         except Exception as err:
             raise RuntimeError(f"rank {self.rank}: {err}") from err
         return torch.stack(losses).sum() if losses else None
+
+    def _plan(self, shapes: list[Shape]) -> tuple[dict, dict]:
+        """What this rank sends and receives on each link, in order, as (sending
+        stage, shape): activations of stage s are shapes[s + 1], the gradients it
+        sends back shapes[s]."""
+        sends: dict = {}
+        recvs: dict = {}
+        for link, (sent, received) in self.transfers.items():
+            up = 1 if link[0] == "F" else 0
+            if link[1] == self.rank:
+                sends[link] = [(s, shapes[s + up]) for s, _ in sent]
+            if link[2] == self.rank:
+                recvs[link] = [(s, shapes[s + up]) for s, _ in received]
+        return sends, recvs
 
     def _forward(self, a, xs, ys, shapes, held) -> list[Tensor]:
         s, j, last = a.stage, a.micro, self.schedule.stages - 1
@@ -182,7 +210,7 @@ class Pipeline:
         held[(s, j)] = (inp, out)
         if s == last:
             return [out.detach()]
-        self.links.send(("F", self.rank, self.rank_of(s + 1)), out)
+        self.links.send(("F", self.rank, self.rank_of(s + 1)), out, shapes[s + 1])
         return []
 
     def _backward(self, a, shapes, held) -> None:
@@ -193,10 +221,22 @@ class Pipeline:
             link = ("B", self.rank_of(s + 1), self.rank)
             grad = self.links.recv(link, (out.shape, out.dtype))
         with trace.span(self.events, f"B {s} {j}"):
-            torch.autograd.backward(out, grad)
-        self.meter.release((s, j))
+            if self.schedule.split:  # the input's gradient now, the weights' in W
+                params = list(self.local[s].parameters())
+                self.later[(s, j)] = zero_bubble.backward_input(out, grad, inp, params)
+            else:
+                torch.autograd.backward(out, grad)
+                self.meter.release((s, j))
         if s > 0:
-            self.links.send(("B", self.rank, self.rank_of(s - 1)), inp.grad)
+            self.links.send(("B", self.rank, self.rank_of(s - 1)), inp.grad,
+                            shapes[s])  # fmt: skip
+
+    def _weight(self, a) -> None:
+        """W: the weights' gradients that B left; the micro-batch's graph is freed."""
+        weight = self.later.pop((a.stage, a.micro))
+        with trace.span(self.events, f"W {a.stage} {a.micro}"):
+            weight()
+        self.meter.release((a.stage, a.micro))
 
     def close(self) -> None:
         """Stop the sender threads."""

@@ -1,8 +1,10 @@
 """Pipeline schedules as data: for each rank, the list of actions it runs, in order.
 
-An action is (kind, stage, micro-batch): "F" a forward, "B" a backward. A schedule
-only orders work; the runner derives the transfers from it (F on stage s > 0 first
-receives s - 1's activation; B on stage s < last first receives s + 1's gradient).
+An action is (kind, stage, micro-batch): "F" a forward, "B" a backward; a schedule
+that also has "W" actions splits the backward: B computes only the input's gradient,
+W later the weights' (zero_bubble). A schedule only orders work; the runner derives
+the transfers from it (F on stage s > 0 first receives s - 1's activation; B on
+stage s < last first receives s + 1's gradient).
 Stage s lives on rank s % p, so with v stages per rank (interleaving) rank r holds
 stages r, r + p, r + 2p, ... Because a schedule is a plain list, tests can read it:
 every F before its B, every (stage, micro-batch) exactly once, how many micro-batches
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 class Action:
     """One unit of work on one rank: a forward or backward of one micro-batch."""
 
-    kind: str  # "F" or "B"
+    kind: str  # "F", "B" or "W"
     stage: int
     micro: int
 
@@ -40,6 +42,11 @@ class Schedule:
     @property
     def stages(self) -> int:
         return self.ranks * self.per_rank
+
+    @property
+    def split(self) -> bool:
+        """Whether the backward is split into B (input) and W (weights)."""
+        return any(a.kind == "W" for acts in self.actions for a in acts)
 
     def rank_of(self, stage: int) -> int:
         """The rank that holds `stage` (stage s on rank s % p)."""
@@ -119,17 +126,21 @@ def check(schedule: Schedule) -> None:
     micro-batch, every F before its B, and the transfers between any two ranks come
     in the same order on the sender and the receiver."""
     p, m = schedule.ranks, schedule.micro_batches
+    kinds = "FBW" if schedule.split else "FB"
     for r, acts in enumerate(schedule.actions):
         want = {(k, s, j) for s in range(r, schedule.stages, p)
-                for j in range(m) for k in "FB"}  # fmt: skip
+                for j in range(m) for k in kinds}  # fmt: skip
         got = [(a.kind, a.stage, a.micro) for a in acts]
         if len(got) != len(set(got)) or set(got) != want:
-            raise ValueError(f"{schedule.name}: rank {r} does not run each F and B "
-                             "of its stages once per micro-batch")  # fmt: skip
+            raise ValueError(f"{schedule.name}: rank {r} does not run each "
+                             f"{' and '.join(kinds)} of its stages once per "
+                             "micro-batch")  # fmt: skip
         for i, a in enumerate(got):
-            if a[0] == "B" and got.index(("F", a[1], a[2])) > i:
-                raise ValueError(f"{schedule.name}: rank {r} runs B{a[1]}.{a[2]} "
-                                 "before its forward")  # fmt: skip
+            before = {"B": "F", "W": "B"}.get(a[0])
+            if before and got.index((before, a[1], a[2])) > i:
+                what = "forward" if before == "F" else "input gradient (B)"
+                raise ValueError(f"{schedule.name}: rank {r} runs {a[0]}{a[1]}.{a[2]} "
+                                 f"before its {what}")  # fmt: skip
     for link, (sent, received) in transfers(schedule).items():
         if sent != received:
             raise ValueError(f"{schedule.name}: transfers {link} are sent in the "
@@ -143,6 +154,8 @@ def transfers(schedule: Schedule) -> dict[tuple, tuple[list, list]]:
     out: dict[tuple, tuple[list, list]] = {}
     for acts in schedule.actions:
         for a in acts:
+            if a.kind == "W":  # weights' gradients stay on their rank
+                continue
             here = schedule.rank_of(a.stage)
             nxt = a.stage + 1 if a.kind == "F" else a.stage - 1
             if 0 <= nxt <= last:  # this action sends
@@ -157,12 +170,14 @@ def transfers(schedule: Schedule) -> dict[tuple, tuple[list, list]]:
 
 def in_flight(schedule: Schedule) -> list[int]:
     """Per rank: the most micro-batches whose forward ran but backward has not
-    (each holds its activations). GPipe m; 1F1B p - r on rank r."""
+    (each holds its activations; with a split backward, until its W). GPipe m;
+    1F1B p - r on rank r."""
     peaks = []
+    last = "W" if schedule.split else "B"
     for acts in schedule.actions:
         live = peak = 0
         for a in acts:
-            live += 1 if a.kind == "F" else -1
+            live += 1 if a.kind == "F" else -1 if a.kind == last else 0
             peak = max(peak, live)
         peaks.append(peak)
     return peaks
@@ -181,9 +196,12 @@ def simulate(
     schedule: Schedule, forward: float = 1.0, backward: float = 2.0
 ) -> list[list[tuple[Action, float, float]]]:
     """Run the schedule on paper: per rank, (action, start, end) with these stage
-    times and free, instant transfers. ValueError if the ranks would wait for each
-    other forever. Gives the bubble a perfect machine would have."""
+    times and free, instant transfers (a split backward: half in B, half in W).
+    ValueError if the ranks would wait for each other forever. Gives the bubble a
+    perfect machine would have."""
     last, p = schedule.stages - 1, schedule.ranks
+    took = {"F": forward, "B": backward / 2 if schedule.split else backward,
+            "W": backward / 2}  # fmt: skip
     done: dict[tuple[str, int, int], float] = {}  # (kind, stage, micro) -> end
     clock, pos = [0.0] * p, [0] * p
     out: list[list[tuple[Action, float, float]]] = [[] for _ in range(p)]
@@ -193,13 +211,14 @@ def simulate(
             while pos[r] < len(schedule.actions[r]):
                 a = schedule.actions[r][pos[r]]
                 prev = a.stage - 1 if a.kind == "F" else a.stage + 1
-                need = [("F", a.stage, a.micro)] if a.kind == "B" else []
-                if 0 <= prev <= last:
+                mine = {"B": "F", "W": "B"}.get(a.kind)
+                need = [(mine, a.stage, a.micro)] if mine else []
+                if 0 <= prev <= last and a.kind != "W":
                     need.append((a.kind, prev, a.micro))
                 if any(n not in done for n in need):
                     break
                 start = max([clock[r]] + [done[n] for n in need])
-                clock[r] = start + (forward if a.kind == "F" else backward)
+                clock[r] = start + took[a.kind]
                 done[(a.kind, a.stage, a.micro)] = clock[r]
                 out[r].append((a, start, clock[r]))
                 pos[r], moved = pos[r] + 1, True
