@@ -209,3 +209,44 @@ def test_a_rank_that_dies_is_named() -> None:
     )
     with pytest.raises(RankError, match=f"{died}|{waited}"):
         spawn(_dies, 2, timeout=3, deadline=40)
+
+
+def _inputs_first() -> dict:
+    """inputs="first": later steps skip the agreement and give the same losses; a
+    changed batch raises on the rank that holds it."""
+    rank, x, y = dist.get_rank(), *_batch()
+    losses = {}
+    for inputs in ("every", "first"):
+        stages = pp.split_by_count(_model(), 2)
+        pipe = pp.Pipeline(stages, pp.one_f_one_b(2, 4), F.mse_loss, timeout=5,
+                           inputs=inputs)  # fmt: skip
+        with Ledger() as ledger:
+            got = [pipe.step(x, y) for _ in range(3)]
+        losses[inputs] = [None if g is None else g.item() for g in got]
+        losses[inputs + " messages"] = len(ledger.records)
+        if inputs == "first":
+            try:
+                pipe.step(x[:4] if rank == 0 else None, None if rank == 0 else y[:4])
+                losses["changed"] = "no error"
+            except (ValueError, RuntimeError) as err:
+                losses["changed"] = str(err)
+        pipe.close()
+    return losses
+
+
+def test_inputs_agreed_once_give_the_same_losses_with_fewer_messages() -> None:
+    for rank, got in enumerate(spawn(_inputs_first, 2, timeout=30)):
+        assert got["every"] == got["first"]
+        assert got["first messages"] < got["every messages"]
+        assert (
+            "inputs='first' agreed on batches of 4 x torch.float32 [2, 8]"
+            in (got["changed"])
+            or rank == 1
+            and "target batch 4 != the agreed 8" in got["changed"]
+        )
+
+
+def test_inputs_must_be_every_or_first() -> None:
+    with pytest.raises(ValueError, match="inputs must be 'every' or 'first'"):
+        pp.Pipeline(pp.split_by_count(_model(), 2), pp.one_f_one_b(2, 2),
+                    F.mse_loss, inputs="never")  # fmt: skip

@@ -10,7 +10,10 @@ Three measurements, each a median over steps of the slowest rank's time:
 - bubble_error: on 4 ranks, 1F1B's idle share measured from its events, against
   (p - 1) / (m + p - 1);
 - ratio: on the same 4 ranks and stages, our 1F1B step time over torch's
-  Schedule1F1B, run in alternate rounds so that load drifts hit both alike;
+  Schedule1F1B, run in alternate rounds so that load drifts hit both alike; ours
+  agrees on the batch's shape every step (a small all-gather that turns a bad
+  batch into the same error on every rank); inputs_once_ratio is the same with
+  Pipeline(inputs="first"), which agrees once, as torch's stages infer shapes once;
 - schedules: in the same rounds, our GPipe and ZB-H1 too; each one's bubble and
   formula ((p - 1) / (m + p - 1); ZB-H1's (p - 1) / (3m + p - 1) holds for equal F,
   B and W times, as with --sleep) and step time.
@@ -27,8 +30,6 @@ a loaded machine takes to wake a waiting rank.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -38,6 +39,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from distcourse.bench import common
 from distcourse.launch import spawn
 from distcourse.parallel import pipeline as pp
 from distcourse.parallel.pipeline.torch_side import TorchPipeline
@@ -141,6 +143,10 @@ def _four_ranks(cfg: Config) -> dict:
     ours = {name: pp.Pipeline(pp.split_by_count(_model(cfg), 4), make(4, cfg.m4),
                               F.mse_loss, timeout=60)
             for name, make in SCHEDULES.items()}  # fmt: skip
+    ours["1F1B once"] = pp.Pipeline(  # inputs agreed on the first step only, as torch
+        pp.split_by_count(_model(cfg), 4), pp.one_f_one_b(4, cfg.m4), F.mse_loss,
+        timeout=60, inputs="first",
+    )  # fmt: skip
     theirs = TorchPipeline(pp.split_by_count(_model(cfg), 4), "1F1B", cfg.m4,
                            F.mse_loss)  # fmt: skip
     steps: dict[str, list] = {name: [] for name in ours}
@@ -154,7 +160,8 @@ def _four_ranks(cfg: Config) -> dict:
             pipe.step(x, y)
             steps[self.name].append([(e.name, e.start, e.end) for e in pipe.events])
 
-    runners = [Recorder("1F1B"), theirs, Recorder("GPipe"), Recorder("ZB-H1")]
+    runners = [Recorder("1F1B"), theirs, Recorder("GPipe"), Recorder("ZB-H1"),
+               Recorder("1F1B once")]  # fmt: skip
     times = _timed(runners, cfg)
     for pipe in ours.values():
         pipe.close()
@@ -181,8 +188,9 @@ def run(cfg: Config) -> dict:
     best = max(range(1, len(ms)), key=lambda i: speedups[i])
     m = ms[best]
     four = spawn(_four_ranks, 4, cfg, timeout=60, deadline=600)[0]
-    t4 = torch.tensor(four["times"])  # 1F1B, torch's 1F1B, GPipe, ZB-H1
+    t4 = torch.tensor(four["times"])  # 1F1B, torch's, GPipe, ZB-H1, 1F1B once
     ratio = _median((t4[0] / t4[1]).tolist())
+    once_ratio = _median((t4[4] / t4[1]).tolist())
     measured = _median(four["bubbles"]["1F1B"])
     formula = pp.bubble_formula(4, cfg.m4)
     formulas = {"1F1B": formula, "GPipe": formula, "ZB-H1": pp.zb_h1_bubble(4, cfg.m4)}
@@ -199,7 +207,7 @@ def run(cfg: Config) -> dict:
         efficiency=round(speedups[best] / (2 * m / (m + 1)), 3),
         bubble_error=round(measured / formula - 1, 3),
         bubble_measured=round(measured, 4), bubble_formula=round(formula, 4),
-        ratio=round(ratio, 3),
+        ratio=round(ratio, 3), inputs_once_ratio=round(once_ratio, 3),
         ours_ms=round(1000 * _median(t4[0].tolist()), 3),
         torch_ms=round(1000 * _median(t4[1].tolist()), 3),
         schedules=schedules,
@@ -210,41 +218,29 @@ def run(cfg: Config) -> dict:
 
 def main(argv: list[str]) -> int:
     """Parse options, run, print a summary (or one JSON object)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m distcourse.bench pipeline",
-        description="Pipeline speed-up, bubble and step time against torch's.",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--quick", action="store_true", help="tiny model, few steps")
-    parser.add_argument(
-        "--sleep",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="stages sleep this long per sample instead of computing",
-    )
+    parser = common.parser(
+        "pipeline", "Pipeline speed-up, bubble and step time against torch's.",
+        "tiny model, few steps",
+    )  # fmt: skip
+    parser.add_argument("--sleep", type=float, default=0.0, metavar="SECONDS",
+                        help="stages sleep this long per sample instead of "
+                        "computing")  # fmt: skip
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     if args.sleep:
         cfg = Config(**{**asdict(cfg), "sleep_per_sample": args.sleep,
                         "sweep": tuple(cfg.sweep)})  # fmt: skip
-    report = run(cfg)
-    if args.json:
-        print(json.dumps(report))
-        return 0
-    print(f"load {report['load']} on {report['cpus']} CPUs; {cfg}")
-    print(f"{'m':>4} {'step ms':>9} {'speed-up':>9} {'limit':>6}")
-    for row in report["table"]:
-        print(f"{row['m']:>4} {row['step_ms']:>9.2f} {row['speedup']:>9.2f} "
-              f"{row['limit']:>6.2f}")  # fmt: skip
-    print(
-        f"best m={report['m']}: efficiency {report['efficiency']:.2f}; 1F1B on 4 "
-        f"ranks: bubble {report['bubble_measured']:.3f} vs formula "
-        f"{report['bubble_formula']:.3f}; ours/torch {report['ratio']:.2f}"
-    )
-    for name, row in report["schedules"].items():
-        print(
-            f"{name:>6} on 4 ranks: bubble {row['bubble']:.3f} vs formula "
-            f"{row['formula']:.3f}, step {row['step_ms']:.1f} ms"
-        )
-    return 0
+    r = run(cfg)
+    return common.report(r, args.json, lambda: [
+        f"load {r['load']} on {r['cpus']} CPUs; {cfg}",
+        f"{'m':>4} {'step ms':>9} {'speed-up':>9} {'limit':>6}",
+        *(f"{row['m']:>4} {row['step_ms']:>9.2f} {row['speedup']:>9.2f} "
+          f"{row['limit']:>6.2f}" for row in r["table"]),
+        f"best m={r['m']}: efficiency {r['efficiency']:.2f}; 1F1B on 4 ranks: "
+        f"bubble {r['bubble_measured']:.3f} vs formula {r['bubble_formula']:.3f}; "
+        f"ours/torch {r['ratio']:.3f} (inputs agreed once: "
+        f"{r['inputs_once_ratio']:.3f})",
+        *(f"{name:>6} on 4 ranks: bubble {row['bubble']:.3f} vs formula "
+          f"{row['formula']:.3f}, step {row['step_ms']:.1f} ms"
+          for name, row in r["schedules"].items()),
+    ])  # fmt: skip

@@ -45,6 +45,11 @@ class Pipeline:
     `shapes_from`: stages of the same shapes whose forward sends nothing, to find
     the shapes on "meta" in place of `stages` (e.g. the one-process twins of
     tensor-parallel stages, whose collectives cannot run on meta tensors).
+    `inputs`: "every" step agrees on the batch's shape across the ranks (a small
+    all-gather: a bad batch is the same ValueError on every rank), or only the
+    "first" step does, as torch's stages infer shapes once; later batches are then
+    checked on the ranks that hold them only (a changed one raises there, and its
+    neighbours time out naming that rank).
     """
 
     def __init__(
@@ -57,8 +62,12 @@ class Pipeline:
         handshake: str = "first",
         *,
         shapes_from: Sequence[nn.Module] | None = None,
+        inputs: str = "every",
     ) -> None:
+        if inputs not in ("every", "first"):
+            raise ValueError(f"inputs must be 'every' or 'first', got {inputs!r}")
         g = members(group, "Pipeline")
+        self.inputs, self.agreed = inputs, None
         if g.size < 2:
             raise ValueError("a pipeline needs at least 2 ranks")
         self.rank, self.ranks = g.ranks[g.rank], g.ranks
@@ -139,6 +148,23 @@ class Pipeline:
                              f"batch {batch}")  # fmt: skip
         return (batch // m, *shape[1:]), dtype
 
+    def _check_same(self, x: Tensor | None, target: Tensor | None,
+                    micro_shape: tuple, dtype: torch.dtype) -> None:  # fmt: skip
+        """With inputs="first": this rank's batch has the first step's shape."""
+        m = self.schedule.micro_batches
+        if x is not None:
+            got = (x.dtype, len(x) % m, (len(x) // m, *x.shape[1:]))
+            if got != (dtype, 0, tuple(micro_shape)):
+                raise ValueError(
+                    f"{self.describe(0)}: inputs='first' agreed on batches of "
+                    f"{m} x {dtype} {list(micro_shape)}; this one is {x.dtype} "
+                    f"{list(x.shape)}"
+                )
+        if target is not None and len(target) != micro_shape[0] * m:
+            where = self.describe(self.schedule.stages - 1)
+            raise ValueError(f"{where}: target batch {len(target)} != the agreed "
+                             f"{micro_shape[0] * m}")  # fmt: skip
+
     # ------------------------------------------------------------- a step ------
 
     def step(self, x: Tensor | None = None, target: Tensor | None = None
@@ -146,7 +172,11 @@ class Pipeline:
         """One forward and backward of the whole batch; gradients accumulate into the
         stages' .grad. Returns the batch's mean loss on the last stage's rank, None on
         the others. x is needed on the first stage's rank, target on the last's."""
-        micro_shape, dtype = self._agree(x, target)
+        if self.inputs == "every" or self.agreed is None:
+            self.agreed = self._agree(x, target)
+        else:
+            self._check_same(x, target, *self.agreed)
+        micro_shape, dtype = self.agreed
         key = (micro_shape, dtype)
         if key not in self.shapes:  # raises ValueError on every rank, before a send
             self.shapes[key] = stage_shapes(self.all_stages, micro_shape, dtype,
