@@ -110,8 +110,7 @@ def _errors() -> list[str]:
         "linear": lambda: layouts.dp_tp_plan(MLP(8), column=["drop"]),
         "type": lambda: gt.parallelize(odd, [[0, 1], [2, 3]], {}),
     }
-    got = checks.outcomes(cases)
-    return got
+    return checks.outcomes(cases)
 
 
 def test_bad_input_raises_on_every_rank_before_any_message() -> None:

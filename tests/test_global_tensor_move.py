@@ -102,8 +102,7 @@ def _errors() -> list[str]:
     }
     if me == 3:  # in neither [0, 1] nor [0, 1, 2]
         cases["outsider"] = lambda: x.to_global(placement=three)
-    got = checks.outcomes(cases)
-    return got
+    return checks.outcomes(cases)
 
 
 def test_bad_input_raises_before_any_message() -> None:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from distcourse.comm.ledger import Ledger
+from distcourse.global_tensor import layouts
 from distcourse.global_tensor.debug import DebugLog, debug
 from distcourse.global_tensor.placement import Placement
 from distcourse.global_tensor.sbp import (
@@ -139,11 +140,8 @@ def conversion_table(
 def gradient_signatures(module: nn.Module) -> list[tuple[str, str, str]]:
     """(name, the parameter's signature, its gradient's) for each global parameter
     with a gradient: after backward they should be equal, P boxed to B."""
-    out = []
-    for name, p in module.named_parameters():
-        if isinstance(p, GlobalTensor) and isinstance(p.grad, GlobalTensor):
-            out.append((name, describe(p.sbp), describe(p.grad.sbp)))
-    return out
+    every = layouts.signatures(module).items()  # "-" for no global gradient
+    return [(name, sig, grad) for name, (sig, grad) in every if grad != "-"]
 
 
 def copy_to_parallel(x: GlobalTensor) -> GlobalTensor:
