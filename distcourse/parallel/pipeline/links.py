@@ -142,9 +142,9 @@ class Links:
             if (x.shape, x.dtype) != (torch.Size(expect[0]), expect[1]):
                 raise ValueError(f"expected {_show(*expect)} from rank {link[1]}, the "
                                  f"plan said {_show(x.shape, x.dtype)}")  # fmt: skip
+            self._post(link)  # the next receive first: free while we wait here
             if work is not None:
                 work.wait()
-            self._post(link)
             return x
         except ValueError:  # a shape refused: the message names both ranks
             raise

@@ -28,6 +28,7 @@ from distcourse import runtime, trace
 from distcourse.comm import p2p
 from distcourse.comm.agree import Group, members
 from distcourse.parallel.pipeline import schedules, zero_bubble
+from distcourse.parallel.pipeline.batch import BatchCheck
 from distcourse.parallel.pipeline.links import Links
 from distcourse.parallel.pipeline.shapes import Shape, stage_shapes
 from distcourse.parallel.pipeline.stats import ActivationMeter
@@ -67,7 +68,6 @@ class Pipeline:
         if inputs not in ("every", "first"):
             raise ValueError(f"inputs must be 'every' or 'first', got {inputs!r}")
         g = members(group, "Pipeline")
-        self.inputs, self.agreed = inputs, None
         if g.size < 2:
             raise ValueError("a pipeline needs at least 2 ranks")
         self.rank, self.ranks = g.ranks[g.rank], g.ranks
@@ -102,6 +102,11 @@ class Pipeline:
         self.shapes: dict[tuple, list[Shape]] = {}
         self.later: dict[tuple[int, int], Callable[[], None]] = {}  # B's W
         self.plans: dict[tuple, tuple[dict, dict]] = {}  # per key: sends, receives
+        self.batch = BatchCheck(self.ranks, g.group, self.rank_of(0),
+                                self.rank_of(schedule.stages - 1), schedule.stages,
+                                schedule.micro_batches, self.describe,
+                                every=inputs == "every")  # fmt: skip
+        self.begun = self.beginning = False
 
     def rank_of(self, stage: int) -> int:
         """Global rank holding `stage`."""
@@ -110,61 +115,6 @@ class Pipeline:
     def describe(self, stage: int) -> str:
         return f"stage {stage} (rank {self.rank_of(stage)})"
 
-    # ------------------------------------------------------------ checks ------
-
-    def _agree(self, x: Tensor | None, target: Tensor | None) -> tuple:
-        """Every rank learns the input's shape and dtype and the target's batch size,
-        and all raise the same ValueError if they do not fit the schedule."""
-        row = [-1] * (3 + p2p.MAX_DIMS)  # dtype, ndim, shape..., target batch
-        if x is not None and (x.dtype not in p2p.DTYPES or x.dim() > p2p.MAX_DIMS):
-            row[0] = -2  # every rank raises below, after the all-gather
-        elif x is not None:
-            row[: 2 + x.dim()] = [p2p.DTYPES.index(x.dtype), x.dim(), *x.shape]
-        if target is not None:
-            row[-1] = len(target)
-        mine = torch.tensor(row, dtype=torch.int64, device=runtime.device())
-        seen = [torch.empty_like(mine) for _ in self.ranks]
-        dist.all_gather(seen, mine, group=self.group)  # one small message per rank
-        first, last = self.rank_of(0), self.rank_of(self.schedule.stages - 1)
-        head, tail = (seen[self.ranks.index(r)].tolist() for r in (first, last))
-        if head[0] == -2:
-            raise ValueError(
-                f"{self.describe(0)}: an input that p2p cannot send "
-                f"(dtypes {p2p.DTYPES}, at most {p2p.MAX_DIMS} dims)"
-            )
-        if head[0] < 0:
-            raise ValueError(f"{self.describe(0)} needs the input batch x")
-        if tail[-1] < 0:
-            raise ValueError(f"{self.describe(self.schedule.stages - 1)} needs the "
-                             "target batch")  # fmt: skip
-        shape, dtype = head[2 : 2 + head[1]], p2p.DTYPES[head[0]]
-        batch, m = shape[0] if shape else 0, self.schedule.micro_batches
-        if batch % m or batch == 0:
-            raise ValueError(f"{self.describe(0)}: a batch of {batch} does not split "
-                             f"into {m} equal micro-batches")  # fmt: skip
-        if tail[-1] != batch:
-            where = self.describe(self.schedule.stages - 1)
-            raise ValueError(f"{where}: target batch {tail[-1]} != input "
-                             f"batch {batch}")  # fmt: skip
-        return (batch // m, *shape[1:]), dtype
-
-    def _check_same(self, x: Tensor | None, target: Tensor | None,
-                    micro_shape: tuple, dtype: torch.dtype) -> None:  # fmt: skip
-        """With inputs="first": this rank's batch has the first step's shape."""
-        m = self.schedule.micro_batches
-        if x is not None:
-            got = (x.dtype, len(x) % m, (len(x) // m, *x.shape[1:]))
-            if got != (dtype, 0, tuple(micro_shape)):
-                raise ValueError(
-                    f"{self.describe(0)}: inputs='first' agreed on batches of "
-                    f"{m} x {dtype} {list(micro_shape)}; this one is {x.dtype} "
-                    f"{list(x.shape)}"
-                )
-        if target is not None and len(target) != micro_shape[0] * m:
-            where = self.describe(self.schedule.stages - 1)
-            raise ValueError(f"{where}: target batch {len(target)} != the agreed "
-                             f"{micro_shape[0] * m}")  # fmt: skip
-
     # ------------------------------------------------------------- a step ------
 
     def step(self, x: Tensor | None = None, target: Tensor | None = None
@@ -172,20 +122,17 @@ class Pipeline:
         """One forward and backward of the whole batch; gradients accumulate into the
         stages' .grad. Returns the batch's mean loss on the last stage's rank, None on
         the others. x is needed on the first stage's rank, target on the last's."""
-        if self.inputs == "every" or self.agreed is None:
-            self.agreed = self._agree(x, target)
-        else:
-            self._check_same(x, target, *self.agreed)
-        micro_shape, dtype = self.agreed
-        key = (micro_shape, dtype)
-        if key not in self.shapes:  # raises ValueError on every rank, before a send
-            self.shapes[key] = stage_shapes(self.all_stages, micro_shape, dtype,
-                                            self.describe)  # fmt: skip
-        shapes, m = self.shapes[key], self.schedule.micro_batches
-        if key not in self.plans:  # what each link carries, in order: once per key
-            self.plans[key] = self._plan(shapes)
-        # new shapes are agreed with the neighbours before anything else is sent
-        self.links.begin(*self.plans[key], self.describe, key=key)
+        self.batch.start(x, target)  # the agreement runs while stage 0 computes
+        early = self.batch.local(x) if self.rank == self.rank_of(0) else None
+        if early is not None:
+            try:  # the shapes x alone implies: fine, or the agreement raises below
+                self._shapes(early)
+            except ValueError:
+                early = None
+        self.begun = self.beginning = False
+        if early is None:  # nothing to compute before the first transfer
+            self._begin()
+        m = self.schedule.micro_batches
         xs = None if x is None else x.chunk(m)
         ys = None if target is None else target.chunk(m)
         self.events = []  # this step's only
@@ -195,12 +142,14 @@ class Pipeline:
         for a in self.actions:
             try:
                 if a.kind == "F":
-                    losses += self._forward(a, xs, ys, shapes, held)
+                    losses += self._forward(a, xs, ys, held)
                 elif a.kind == "B":
-                    self._backward(a, shapes, held)
+                    self._backward(a, held)
                 else:
                     self._weight(a)
             except Exception as err:
+                if self.beginning:  # the agreement refused the batch: as elsewhere
+                    raise
                 cls = ValueError if isinstance(err, ValueError) else RuntimeError
                 raise cls(f"{self.describe(a.stage)}, {a.kind} of micro-batch "
                           f"{a.micro}: {err}") from err  # fmt: skip
@@ -209,6 +158,28 @@ class Pipeline:
         except Exception as err:
             raise RuntimeError(f"rank {self.rank}: {err}") from err
         return torch.stack(losses).sum() if losses else None
+
+    def _shapes(self, key: tuple) -> list[Shape]:
+        """Each stage's input shape for micro-batches of `key`; computed once per key
+        (raises ValueError alike on every rank, before any send)."""
+        if key not in self.shapes:
+            self.shapes[key] = stage_shapes(self.all_stages, *key, self.describe)
+        return self.shapes[key]
+
+    def _begin(self) -> None:
+        """Wait for the batch's agreement, then start the links: the step's first
+        transfer waits for this (see batch.py). Its errors are every rank's alike.
+        Once per step: later calls return at once."""
+        if self.begun:
+            return
+        self.beginning = True
+        key = self.batch.result()
+        self.now = self._shapes(key)
+        if key not in self.plans:  # what each link carries, in order: once per key
+            self.plans[key] = self._plan(self.now)
+        # new shapes are agreed with the neighbours before anything else is sent
+        self.links.begin(*self.plans[key], self.describe, key=key)
+        self.begun, self.beginning = True, False
 
     def _plan(self, shapes: list[Shape]) -> tuple[dict, dict]:
         """What this rank sends and receives on each link, in order, as (sending
@@ -224,27 +195,30 @@ class Pipeline:
                 recvs[link] = [(s, shapes[s + up]) for s, _ in received]
         return sends, recvs
 
-    def _forward(self, a, xs, ys, shapes, held) -> list[Tensor]:
+    def _forward(self, a, xs, ys, held) -> list[Tensor]:
         s, j, last = a.stage, a.micro, self.schedule.stages - 1
         if s == 0:
             inp = xs[j]
         else:
+            self._begin()
             link = ("F", self.rank_of(s - 1), self.rank)
-            inp = self.links.recv(link, shapes[s])
+            inp = self.links.recv(link, self.now[s])
             inp.requires_grad_(inp.is_floating_point())
         with trace.span(self.events, f"F {s} {j}"), self.meter.saving((s, j)):
             out = self.local[s](inp)
             if s == last:
                 out = self.loss_fn(out, ys[j]) / self.schedule.micro_batches
+        if s < last:  # first the send: the next stage may be waiting
+            self._begin()
+            link = ("F", self.rank, self.rank_of(s + 1))
+            self.links.send(link, out, self.now[s + 1])
         self.meter.hold((s, j), out)
         held[(s, j)] = (inp, out)
-        if s == last:
-            return [out.detach()]
-        self.links.send(("F", self.rank, self.rank_of(s + 1)), out, shapes[s + 1])
-        return []
+        return [out.detach()] if s == last else []
 
-    def _backward(self, a, shapes, held) -> None:
+    def _backward(self, a, held) -> None:
         s, j, last = a.stage, a.micro, self.schedule.stages - 1
+        self._begin()
         inp, out = held.pop((s, j))
         grad = None
         if s < last:
@@ -259,7 +233,7 @@ class Pipeline:
                 self.meter.release((s, j))
         if s > 0:
             self.links.send(("B", self.rank, self.rank_of(s - 1)), inp.grad,
-                            shapes[s])  # fmt: skip
+                            self.now[s])  # fmt: skip
 
     def _weight(self, a) -> None:
         """W: the weights' gradients that B left; the micro-batch's graph is freed."""
