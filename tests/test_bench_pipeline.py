@@ -33,6 +33,8 @@ def test_quick_json_report(capsys: pytest.CaptureFixture[str]) -> None:
         report["bubble_measured"] / report["bubble_formula"] - 1, abs=2e-3
     )
     assert report["ratio"] > 0 and report["ours_ms"] > 0 and report["torch_ms"] > 0
+    low, high = report["ratio_quartiles"]  # the rounds' spread around the median
+    assert low <= report["ratio"] <= high
     assert len(report["load"]) == 3
     rows = report["schedules"]  # our three schedules, timed in the same rounds
     assert set(rows) == {"1F1B", "GPipe", "ZB-H1"}

@@ -10,10 +10,12 @@ Three measurements, each a median over steps of the slowest rank's time:
 - bubble_error: on 4 ranks, 1F1B's idle share measured from its events, against
   (p - 1) / (m + p - 1);
 - ratio: on the same 4 ranks and stages, our 1F1B step time over torch's
-  Schedule1F1B, run in alternate rounds so that load drifts hit both alike; ours
-  agrees on the batch's shape every step (a small all-gather that turns a bad
-  batch into the same error on every rank); inputs_once_ratio is the same with
-  Pipeline(inputs="first"), which agrees once, as torch's stages infer shapes once;
+  Schedule1F1B, run in alternate rounds so that load drifts hit both alike: the
+  median of the rounds' ratios, with their quartiles (steps4 rounds). Ours agrees
+  on the batch's shape every step (a small all-gather that turns a bad batch into
+  the same error on every rank), overlapped with the first stage's first forward;
+  inputs_once_ratio is the same with Pipeline(inputs="first"), which agrees once,
+  as torch's stages infer shapes once;
 - schedules: in the same rounds, our GPipe and ZB-H1 too; each one's bubble and
   formula ((p - 1) / (m + p - 1); ZB-H1's (p - 1) / (3m + p - 1) holds for equal F,
   B and W times, as with --sleep) and step time.
@@ -53,13 +55,15 @@ class Config:
     sweep: tuple[int, ...]  # micro-batch counts for the 2-stage speed-up
     m4: int  # micro-batches on 4 ranks
     warmup: int
-    steps: int
+    steps: int  # timed steps on 2 ranks
+    steps4: int  # timed steps on 4 ranks: the ratio is a median of this many
     sleep_per_sample: float = 0.0  # seconds; > 0 replaces compute by sleeping
 
 
 FULL = Config(width=1024, blocks=8, batch=128, sweep=(2, 4, 8, 16), m4=8, warmup=2,
-              steps=10)  # fmt: skip
-QUICK = Config(width=32, blocks=4, batch=8, sweep=(2, 4), m4=4, warmup=1, steps=2)
+              steps=10, steps4=24)  # fmt: skip
+QUICK = Config(width=32, blocks=4, batch=8, sweep=(2, 4), m4=4, warmup=1, steps=2,
+               steps4=2)  # fmt: skip
 
 
 class Sleep(torch.autograd.Function):
@@ -107,11 +111,11 @@ def _data(cfg: Config) -> tuple[Tensor, Tensor]:
     return x, torch.randn(cfg.batch, cfg.width, generator=gen)
 
 
-def _timed(runners: list, cfg: Config) -> torch.Tensor:
+def _timed(runners: list, cfg: Config, steps: int) -> torch.Tensor:
     """[runner, step] seconds of the slowest rank; runners take turns each round."""
     x, y = _data(cfg)
-    times = torch.zeros(len(runners), cfg.steps, dtype=torch.float64)
-    for i in range(cfg.warmup + cfg.steps):
+    times = torch.zeros(len(runners), steps, dtype=torch.float64)
+    for i in range(cfg.warmup + steps):
         order = range(len(runners)) if i % 2 == 0 else reversed(range(len(runners)))
         for k in order:
             dist.barrier()
@@ -128,7 +132,7 @@ def _two_ranks(cfg: Config) -> list[list[float]]:
     ms = (1, *cfg.sweep)
     pipes = [pp.Pipeline(pp.split_by_count(_model(cfg), 2), pp.one_f_one_b(2, m),
                          F.mse_loss, timeout=60) for m in ms]  # fmt: skip
-    times = _timed(pipes, cfg)
+    times = _timed(pipes, cfg, cfg.steps)
     for pipe in pipes:
         pipe.close()
     return times.tolist()
@@ -162,7 +166,7 @@ def _four_ranks(cfg: Config) -> dict:
 
     runners = [Recorder("1F1B"), theirs, Recorder("GPipe"), Recorder("ZB-H1"),
                Recorder("1F1B once")]  # fmt: skip
-    times = _timed(runners, cfg)
+    times = _timed(runners, cfg, cfg.steps4)
     for pipe in ours.values():
         pipe.close()
     seen: list = [None] * dist.get_world_size()
@@ -189,7 +193,9 @@ def run(cfg: Config) -> dict:
     m = ms[best]
     four = spawn(_four_ranks, 4, cfg, timeout=60, deadline=600)[0]
     t4 = torch.tensor(four["times"])  # 1F1B, torch's, GPipe, ZB-H1, 1F1B once
-    ratio = _median((t4[0] / t4[1]).tolist())
+    ratios = (t4[0] / t4[1]).sort().values  # each round's own ratio
+    ratio = _median(ratios.tolist())
+    quartiles = [ratios[len(ratios) // 4].item(), ratios[3 * len(ratios) // 4].item()]
     once_ratio = _median((t4[4] / t4[1]).tolist())
     measured = _median(four["bubbles"]["1F1B"])
     formula = pp.bubble_formula(4, cfg.m4)
@@ -207,7 +213,8 @@ def run(cfg: Config) -> dict:
         efficiency=round(speedups[best] / (2 * m / (m + 1)), 3),
         bubble_error=round(measured / formula - 1, 3),
         bubble_measured=round(measured, 4), bubble_formula=round(formula, 4),
-        ratio=round(ratio, 3), inputs_once_ratio=round(once_ratio, 3),
+        ratio=round(ratio, 3), ratio_quartiles=[round(q, 3) for q in quartiles],
+        inputs_once_ratio=round(once_ratio, 3),
         ours_ms=round(1000 * _median(t4[0].tolist()), 3),
         torch_ms=round(1000 * _median(t4[1].tolist()), 3),
         schedules=schedules,
@@ -238,8 +245,8 @@ def main(argv: list[str]) -> int:
           f"{row['limit']:>6.2f}" for row in r["table"]),
         f"best m={r['m']}: efficiency {r['efficiency']:.2f}; 1F1B on 4 ranks: "
         f"bubble {r['bubble_measured']:.3f} vs formula {r['bubble_formula']:.3f}; "
-        f"ours/torch {r['ratio']:.3f} (inputs agreed once: "
-        f"{r['inputs_once_ratio']:.3f})",
+        f"ours/torch {r['ratio']:.3f} (quartiles {r['ratio_quartiles']}; inputs "
+        f"agreed once: {r['inputs_once_ratio']:.3f})",
         *(f"{name:>6} on 4 ranks: bubble {row['bubble']:.3f} vs formula "
           f"{row['formula']:.3f}, step {row['step_ms']:.1f} ms"
           for name, row in r["schedules"].items()),

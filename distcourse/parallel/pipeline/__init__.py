@@ -6,9 +6,10 @@
 
 split: where to cut; schedules: GPipe, 1F1B, interleaved 1F1B as lists of actions;
 zero_bubble: ZB-H1, its backward split into input (B) and weight (W) gradients;
-runner: executes them with comm.p2p; links: the threads and groups that carry the
-transfers; shapes: each stage's input checked before any send; stats: activation
-memory held and the bubble measured from the events.
+runner: executes them with comm.p2p; batch: each step's batch agreed by all
+ranks; links: the groups (and threads) that carry the transfers; shapes: each
+stage's input checked before any send; stats: activation memory held and the
+bubble measured from the events.
 """
 
 from distcourse.parallel.pipeline.runner import Pipeline

@@ -47,7 +47,8 @@ class Pipeline:
     the shapes on "meta" in place of `stages` (e.g. the one-process twins of
     tensor-parallel stages, whose collectives cannot run on meta tensors).
     `inputs`: "every" step agrees on the batch's shape across the ranks (a small
-    all-gather: a bad batch is the same ValueError on every rank), or only the
+    all-gather, overlapped with the first stage's first forward: a bad batch is
+    the same ValueError on every rank, before any send; see batch.py), or only the
     "first" step does, as torch's stages infer shapes once; later batches are then
     checked on the ranks that hold them only (a changed one raises there, and its
     neighbours time out naming that rank).
@@ -230,10 +231,11 @@ class Pipeline:
                 self.later[(s, j)] = zero_bubble.backward_input(out, grad, inp, params)
             else:
                 torch.autograd.backward(out, grad)
-                self.meter.release((s, j))
-        if s > 0:
+        if s > 0:  # first the send: the previous stage may be waiting
             self.links.send(("B", self.rank, self.rank_of(s - 1)), inp.grad,
                             self.now[s])  # fmt: skip
+        if not self.schedule.split:
+            self.meter.release((s, j))
 
     def _weight(self, a) -> None:
         """W: the weights' gradients that B left; the micro-batch's graph is freed."""
