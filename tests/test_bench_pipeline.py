@@ -34,6 +34,7 @@ def test_quick_json_report(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert report["ratio"] > 0 and report["ours_ms"] > 0 and report["torch_ms"] > 0
     low, high = report["ratio_quartiles"]  # the rounds' spread around the median
+    assert report["zb_ratio"] > 0 and report["torch_zb_ms"] > 0
     assert low <= report["ratio"] <= high
     assert len(report["load"]) == 3
     rows = report["schedules"]  # our three schedules, timed in the same rounds

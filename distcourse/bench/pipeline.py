@@ -18,7 +18,9 @@ Three measurements, each a median over steps of the slowest rank's time:
   as torch's stages infer shapes once;
 - schedules: in the same rounds, our GPipe and ZB-H1 too; each one's bubble and
   formula ((p - 1) / (m + p - 1); ZB-H1's (p - 1) / (3m + p - 1) holds for equal F,
-  B and W times, as with --sleep) and step time.
+  B and W times, as with --sleep) and step time; zb_ratio is our ZB-H1 over torch's
+  ScheduleInterleavedZeroBubble on the same 4 stages (one per rank), which torch
+  runs as its zero-bubble schedule for that case.
 
 Stages are Linear+ReLU blocks; with --sleep each block instead sleeps (forward t per
 sample, backward 2t: t for the input's gradient, t for the weight's, so ZB-H1's B
@@ -153,6 +155,8 @@ def _four_ranks(cfg: Config) -> dict:
     )  # fmt: skip
     theirs = TorchPipeline(pp.split_by_count(_model(cfg), 4), "1F1B", cfg.m4,
                            F.mse_loss)  # fmt: skip
+    theirs_zb = TorchPipeline(pp.split_by_count(_model(cfg), 4),
+                              "interleaved zero bubble", cfg.m4, F.mse_loss)
     steps: dict[str, list] = {name: [] for name in ours}
 
     class Recorder:  # one of our pipelines, keeping each step's events
@@ -165,7 +169,7 @@ def _four_ranks(cfg: Config) -> dict:
             steps[self.name].append([(e.name, e.start, e.end) for e in pipe.events])
 
     runners = [Recorder("1F1B"), theirs, Recorder("GPipe"), Recorder("ZB-H1"),
-               Recorder("1F1B once")]  # fmt: skip
+               Recorder("1F1B once"), theirs_zb]  # fmt: skip
     times = _timed(runners, cfg, cfg.steps4)
     for pipe in ours.values():
         pipe.close()
@@ -192,11 +196,12 @@ def run(cfg: Config) -> dict:
     best = max(range(1, len(ms)), key=lambda i: speedups[i])
     m = ms[best]
     four = spawn(_four_ranks, 4, cfg, timeout=60, deadline=600)[0]
-    t4 = torch.tensor(four["times"])  # 1F1B, torch's, GPipe, ZB-H1, 1F1B once
+    t4 = torch.tensor(four["times"])  # 1F1B, torch's, GPipe, ZB-H1, 1F1B once, ZB's
     ratios = (t4[0] / t4[1]).sort().values  # each round's own ratio
     ratio = _median(ratios.tolist())
     quartiles = [ratios[len(ratios) // 4].item(), ratios[3 * len(ratios) // 4].item()]
     once_ratio = _median((t4[4] / t4[1]).tolist())
+    zb_ratio = _median((t4[3] / t4[5]).tolist())
     measured = _median(four["bubbles"]["1F1B"])
     formula = pp.bubble_formula(4, cfg.m4)
     formulas = {"1F1B": formula, "GPipe": formula, "ZB-H1": pp.zb_h1_bubble(4, cfg.m4)}
@@ -214,7 +219,8 @@ def run(cfg: Config) -> dict:
         bubble_error=round(measured / formula - 1, 3),
         bubble_measured=round(measured, 4), bubble_formula=round(formula, 4),
         ratio=round(ratio, 3), ratio_quartiles=[round(q, 3) for q in quartiles],
-        inputs_once_ratio=round(once_ratio, 3),
+        inputs_once_ratio=round(once_ratio, 3), zb_ratio=round(zb_ratio, 3),
+        torch_zb_ms=round(1000 * _median(t4[5].tolist()), 3),
         ours_ms=round(1000 * _median(t4[0].tolist()), 3),
         torch_ms=round(1000 * _median(t4[1].tolist()), 3),
         schedules=schedules,
@@ -250,4 +256,6 @@ def main(argv: list[str]) -> int:
         *(f"{name:>6} on 4 ranks: bubble {row['bubble']:.3f} vs formula "
           f"{row['formula']:.3f}, step {row['step_ms']:.1f} ms"
           for name, row in r["schedules"].items()),
+        f"ZB-H1 / torch's ScheduleInterleavedZeroBubble: {r['zb_ratio']:.3f} "
+        f"(theirs {r['torch_zb_ms']:.1f} ms)",
     ])  # fmt: skip

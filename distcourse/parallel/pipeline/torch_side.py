@@ -1,10 +1,14 @@
 """The same stages run by torch.distributed.pipelining, to compare with ours.
 
 torch's PipelineStage wraps one stage and infers the shapes it sends at the first
-step; its schedules (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B) execute
-their own action lists with non-blocking isend/irecv. It scales each micro-batch's
-loss by 1/m as we do, so losses and gradients should match ours. On gloo it has hung
-in the past: callers run it under a finite group timeout.
+step; its schedules (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, and the
+zero-bubble family: ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble,
+ScheduleDualPipeV) execute their own action lists with non-blocking isend/irecv.
+Each micro-batch's loss counts 1/m of the batch's, as ours, so losses and gradients
+should match ours. Placement: one stage per rank, or stage s on rank s % p
+(interleaved), or the "V" of ZBV and DualPipeV: rank r holds stages r and
+2p - 1 - r, so the first rank holds the first and the last stage. On gloo it has
+hung in the past: callers run it under a finite group timeout.
 """
 
 from __future__ import annotations
@@ -17,7 +21,22 @@ from torch import Tensor, nn
 from distcourse import runtime
 from distcourse.comm.agree import Group, members
 
-SCHEDULES = ("GPipe", "1F1B", "interleaved 1F1B")
+CLASSES = {  # name -> (torch's class name, placement)
+    "GPipe": ("ScheduleGPipe", "one"),
+    "1F1B": ("Schedule1F1B", "one"),
+    "interleaved 1F1B": ("ScheduleInterleaved1F1B", "interleaved"),
+    "interleaved zero bubble": ("ScheduleInterleavedZeroBubble", "interleaved"),
+    "ZBV zero bubble": ("ScheduleZBVZeroBubble", "V"),
+    "DualPipeV": ("ScheduleDualPipeV", "V"),
+}
+SCHEDULES = tuple(CLASSES)
+
+
+def stages_of(rank: int, ranks: int, stages: int, placement: str) -> list[int]:
+    """The stages `rank` of `ranks` holds under a placement of `stages` stages."""
+    if placement == "V":
+        return [rank, 2 * ranks - 1 - rank]
+    return list(range(rank, stages, ranks))
 
 
 class TorchPipeline:
@@ -33,25 +52,26 @@ class TorchPipeline:
     ) -> None:
         from torch.distributed import pipelining  # imports torch._dynamo: slow
 
-        g = members(group, "TorchPipeline")
         if name not in SCHEDULES:
             raise ValueError(f"unknown schedule {name!r}; one of {SCHEDULES}")
-        interleaved = name == "interleaved 1F1B"
-        if not interleaved and len(stages) != g.size:
-            raise ValueError(f"{name} runs one stage per rank: {len(stages)} stages, "
-                             f"{g.size} ranks")  # fmt: skip
+        g = members(group, "TorchPipeline")
+        cls_name, placement = CLASSES[name]
+        n = len(stages)
+        need = {"one": n == g.size, "V": n == 2 * g.size,
+                "interleaved": n % g.size == 0 and n > 0}[placement]  # fmt: skip
+        if not need:
+            want = {"one": "one stage per rank", "V": "two stages per rank (a V)",
+                    "interleaved": "as many stages on every rank"}[placement]
+            raise ValueError(f"{name} runs {want}: {n} stages, {g.size} "
+                             "ranks")  # fmt: skip
         dev = runtime.device()
-        self.mine = list(range(g.rank, len(stages), g.size))
+        self.mine = stages_of(g.rank, g.size, n, placement)
         self.stages = [
-            pipelining.PipelineStage(stages[s], s, len(stages), dev, group=g.group)
+            pipelining.PipelineStage(stages[s], s, n, dev, group=g.group)
             for s in self.mine
         ]
-        cls = {
-            "GPipe": pipelining.ScheduleGPipe,
-            "1F1B": pipelining.Schedule1F1B,
-            "interleaved 1F1B": pipelining.ScheduleInterleaved1F1B,
-        }[name]
-        arg = self.stages if interleaved else self.stages[0]
+        cls = getattr(pipelining, cls_name)
+        arg = self.stages[0] if placement == "one" else self.stages
         self.schedule = cls(arg, micro_batches, loss_fn=loss_fn)
         self.first = 0 in self.mine
         self.last = len(stages) - 1 in self.mine
