@@ -156,7 +156,8 @@ def _four_ranks(cfg: Config) -> dict:
     theirs = TorchPipeline(pp.split_by_count(_model(cfg), 4), "1F1B", cfg.m4,
                            F.mse_loss)  # fmt: skip
     theirs_zb = TorchPipeline(pp.split_by_count(_model(cfg), 4),
-                              "interleaved zero bubble", cfg.m4, F.mse_loss)
+                              "interleaved zero bubble", cfg.m4,
+                              F.mse_loss)  # fmt: skip
     steps: dict[str, list] = {name: [] for name in ours}
 
     class Recorder:  # one of our pipelines, keeping each step's events

@@ -21,11 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
 from distcourse import runtime, trace
-from distcourse.comm import p2p
 from distcourse.comm.agree import Group, members
 from distcourse.parallel.pipeline import schedules, zero_bubble
 from distcourse.parallel.pipeline.batch import BatchCheck

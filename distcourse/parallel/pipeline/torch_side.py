@@ -60,8 +60,11 @@ class TorchPipeline:
         need = {"one": n == g.size, "V": n == 2 * g.size,
                 "interleaved": n % g.size == 0 and n > 0}[placement]  # fmt: skip
         if not need:
-            want = {"one": "one stage per rank", "V": "two stages per rank (a V)",
-                    "interleaved": "as many stages on every rank"}[placement]
+            want = {
+                "one": "one stage per rank",
+                "V": "two stages per rank (a V)",
+                "interleaved": "as many stages on every rank",
+            }[placement]
             raise ValueError(f"{name} runs {want}: {n} stages, {g.size} "
                              "ranks")  # fmt: skip
         dev = runtime.device()
