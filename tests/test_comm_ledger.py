@@ -96,6 +96,7 @@ def test_gather_scatter_tree_and_naive_bytes_match_the_model() -> None:
 
 def _torch_calls() -> tuple[list[Record], str, list[int]]:
     rank = dist.get_rank()
+    alone = [dist.new_group([r]) for r in range(2)]  # every rank makes both
     with Ledger() as ledger:
         dist.all_reduce(torch.ones(4))
         dist.broadcast(torch.ones(2, dtype=torch.float64), src=1)
@@ -106,6 +107,7 @@ def _torch_calls() -> tuple[list[Record], str, list[int]]:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         comm.ring_all_reduce(torch.ones(6))  # check=True: one small all_gather
+        dist.all_reduce(torch.ones(1), group=alone[rank])  # a group of one rank
     sent = [ledger.bytes_sent(op) for op in ("all_reduce", "broadcast", "all_gather")]
     return ledger.records, ledger.summary(), sent
 
@@ -113,18 +115,19 @@ def _torch_calls() -> tuple[list[Record], str, list[int]]:
 def test_ledger_records_torch_calls_and_the_check() -> None:
     for rank, (records, summary, sent) in enumerate(spawn(_torch_calls, 2)):
         peer = 1 - rank
-        assert records[0] == Record("all_reduce", "collective", 16, None, 2)
+        assert records[0] == Record("all_reduce", "collective", 16, None, 2, (0, 1))
         assert records[1].op == "broadcast" and records[1].bytes == 16 * rank
         assert records[2:4] == [
-            Record("batch_isend_irecv", "send", 12, peer, 2),
-            Record("batch_isend_irecv", "recv", 12, peer, 2),
+            Record("batch_isend_irecv", "send", 12, peer, 2, (0, 1)),
+            Record("batch_isend_irecv", "recv", 12, peer, 2, (0, 1)),
         ]
         assert records[4].op == "all_gather" and sent[2] == records[4].bytes > 0
-        ring = [(r.op, r.kind) for r in records[5:]]  # reduce-scatter, all-gather
+        assert records[-1].ranks == (rank,) and records[-1].group_size == 1
+        ring = [(r.op, r.kind) for r in records[5:-1]]  # reduce-scatter, all-gather
         assert (
             ring == [("batch_isend_irecv", "send"), ("batch_isend_irecv", "recv")] * 2
         )
-        assert sent[:2] == [16, 16 * rank]
+        assert sent[:2] == [16 + 4, 16 * rank]  # 4: the group of one
         lines = [line.split() for line in summary.splitlines()]
         assert ["batch_isend_irecv", "send", "3", "36"] in lines  # 1 by hand, 2 ring
         assert lines[-2][:2] == ["total", "sent"]
@@ -163,3 +166,4 @@ def test_the_ledger_sees_dtensor_collectives_as_comm_debug_mode_does() -> None:
         # each rank contributes its shard: 3 x 4 float32
         assert [r.bytes for r in functional] == [48, 48]
         assert {r.group_size for r in functional} == {2}
+        assert {r.ranks for r in functional} == {(0, 1)}  # the mesh's group

@@ -69,6 +69,7 @@ class Record:
     bytes: int  # sent/received payload; for a collective, this rank's contribution
     peer: int | None  # global rank of the other side (point-to-point only)
     group_size: int
+    ranks: tuple[int, ...] = ()  # the group's global ranks (empty where unknown)
 
 
 def _nbytes(data: Any) -> int:
@@ -114,6 +115,18 @@ def _group_size(args: tuple, at: int | None) -> int:
         return -1
 
 
+def _functional_ranks(args: tuple) -> tuple[int, ...]:
+    try:  # the group's name is the last positional argument
+        return _ranks(c10d._resolve_process_group(args[-1]))
+    except Exception:  # an older or newer torch: unknown
+        return ()
+
+
+def _ranks(group: Any) -> tuple[int, ...]:
+    """The global ranks of `group` (None: the world)."""
+    return tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
+
+
 class _FunctionalSpy(TorchDispatchMode):
     """Sees every functional collective (DTensor's redistribute, for one)."""
 
@@ -126,7 +139,7 @@ class _FunctionalSpy(TorchDispatchMode):
         if func.namespace == "_c10d_functional" and name in _FUNCTIONAL:
             size = _group_size(args, _FUNCTIONAL[name])
             record = Record(f"functional.{name}", "collective", _nbytes(args[0]),
-                            None, size)  # fmt: skip
+                            None, size, _functional_ranks(args))  # fmt: skip
             self.records.append(record)
         return func(*args, **(kwargs or {}))
 
@@ -191,9 +204,8 @@ class Ledger:
             for p in p2p_op_list:
                 kind = "send" if _unwrap(p.op) is c10d.isend else "recv"
                 size = dist.get_world_size(p.group)
-                record = Record(
-                    "batch_isend_irecv", kind, _nbytes(p.tensor), p.peer, size
-                )
+                record = Record("batch_isend_irecv", kind, _nbytes(p.tensor), p.peer,
+                                size, _ranks(p.group))  # fmt: skip
                 self.records.append(record)
             return fn(p2p_op_list, *args, **kwargs)
 
@@ -201,17 +213,17 @@ class Ledger:
         return wrapper
 
     def _record(self, op: str, args: dict) -> None:
-        size = dist.get_world_size(args.get("group"))
+        size, ranks = dist.get_world_size(args.get("group")), _ranks(args.get("group"))
         if op in _P2P:
             kind, peer = _P2P[op]
             payload = _nbytes(args.get("tensor"))
-            record = Record(op, kind, payload, _global_rank(args, peer), size)
+            record = Record(op, kind, payload, _global_rank(args, peer), size, ranks)
         else:
             data, root = _COLLECTIVES[op]
             sent = _nbytes(args.get(data)) if data else 0
             if root and _global_rank(args, root) != dist.get_rank():
                 sent = 0  # a non-root rank contributes nothing to a broadcast/scatter
-            record = Record(op, "collective", sent, None, size)
+            record = Record(op, "collective", sent, None, size, ranks)
         self.records.append(record)
 
     def bytes_sent(self, op: str | None = None) -> int:
