@@ -4,7 +4,8 @@
 `placement("cpu", ranks=[[0, 1], [2, 3]])`: mesh dimension 0 runs down the columns
 (ranks 0 and 2 form a group), dimension 1 along the rows (0 and 1). Creating a
 placement creates process groups, so every rank of the world creates the same
-placements in the same order; equal placements are cached and built once. A
+placements in the same order; equal placements (same ranks, same timeout) are
+cached and built once. A
 placement may also wrap a `distcourse.mesh.Mesh` or a torch DeviceMesh and reuse
 their groups.
 """
@@ -85,16 +86,19 @@ def placement(
 ) -> Placement:
     """A placement over `ranks` (a list, or a list of equal-length lists), or over a
     Mesh / DeviceMesh given as `mesh=`. Checked on every rank before any group is
-    created: ranks must be distinct ranks of the world."""
+    created: ranks must be distinct ranks of the world. Its groups wait `timeout`
+    seconds for a collective (a group of the whole world in order is the world's
+    own group, with the world's timeout)."""
     info = require_initialized()
     if mesh is not None:
         return _from_mesh(mesh)
     if type not in ("cpu", "cuda"):
         raise ValueError(f'placement type must be "cpu" or "cuda", got {type!r}')
     grid = _grid(ranks, info.world_size)
-    key = (type, tuple(grid.shape), tuple(grid.flatten().tolist()))
-    if key not in _CACHE:
-        _CACHE[key] = _build(type, grid, as_timedelta(timeout))
+    wait = as_timedelta(timeout)
+    key = (type, tuple(grid.shape), tuple(grid.flatten().tolist()), wait)
+    if key not in _CACHE:  # another timeout: other groups
+        _CACHE[key] = _build(type, grid, wait)
     return _CACHE[key]
 
 
