@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -19,6 +20,7 @@ def test_quick_json_report(capsys: pytest.CaptureFixture[str]) -> None:
         "4x1x1", "2x2x1", "2x1x2", "1x4x1", "1x2x2", "1x1x4"
     ]  # fmt: skip
     assert all(r["step_ms"] > 0 and r["activations_kib"] > 0 for r in rows)
+    assert [r["micro_batches"] for r in rows] == [1, 4, 1, 8, 4, 1]  # 2 per stage
     best = min(rows, key=lambda r: r["step_ms"])
     assert report["best"] == best["layout"]
     assert report["ratio"] == round(best["step_ms"] / rows[0]["step_ms"], 3)
@@ -35,3 +37,20 @@ def test_quick_json_report(capsys: pytest.CaptureFixture[str]) -> None:
         )
     table = hybrid.format_table(rows)
     assert "dp x pp x tp" in table and len(table.splitlines()) == len(rows) + 1
+
+
+def test_micro_batches_per_stage() -> None:
+    layouts = [Layout(8), Layout(4, 2), Layout(1, 8), Layout(2, 2, 2)]
+    assert [hybrid.micro_batches(lay) for lay in layouts] == [1, 4, 16, 4]
+    assert [hybrid.micro_batches(lay, 1) for lay in layouts] == [1, 2, 8, 2]
+    assert hybrid.Config(8, 8, 8, 16, 8, 16, 1, 1).per_stage == 2  # the default
+
+
+def test_only_some_layouts() -> None:
+    cfg = hybrid.Config(8, 8, 8, 16, 8, 16, 1, 1, only=("1x1x8", "8x1x1"))
+    assert [lay.name for lay in hybrid.chosen(cfg)] == ["8x1x1", "1x1x8"]
+    assert len(hybrid.chosen(hybrid.QUICK)) == 6  # () is every layout
+    with pytest.raises(ValueError, match="no layout of 8 ranks is named 3x1x1"):
+        hybrid.measure(dataclasses.replace(cfg, only=("2x2x2", "3x1x1")))
+    with pytest.raises(ValueError, match="needs pure data parallelism, 8x1x1"):
+        hybrid.run(dataclasses.replace(cfg, only=("1x1x8",)))  # before any rank

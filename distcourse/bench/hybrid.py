@@ -29,7 +29,7 @@ from distcourse.parallel import hybrid
 
 @dataclass(frozen=True)
 class Config:
-    """Model sizes, the batch, how many steps; micro-batches are 2 per stage."""
+    """Model sizes, the batch, how many steps, micro-batches per pipeline stage."""
 
     ranks: int
     n_layer: int
@@ -39,6 +39,8 @@ class Config:
     batch: int
     warmup: int
     steps: int
+    per_stage: int = 2  # micro-batches per pipeline stage
+    only: tuple[str, ...] = ()  # these layouts ("2x2x2", ...); () is every one
 
     def gpt(self) -> GPTConfig:
         return GPTConfig(vocab=64, block_size=self.block_size, n_layer=self.n_layer,
@@ -51,9 +53,20 @@ QUICK = Config(ranks=4, n_layer=4, n_head=4, n_embd=16, block_size=8, batch=16,
                warmup=1, steps=2)  # fmt: skip
 
 
-def micro_batches(layout: hybrid.Layout) -> int:
-    """2 per pipeline stage (1F1B's bubble (p-1)/(m+p-1) under a third); 1 without."""
-    return 2 * layout.pp if layout.pp > 1 else 1
+def micro_batches(layout: hybrid.Layout, per_stage: int = 2) -> int:
+    """`per_stage` per pipeline stage (2: 1F1B's bubble (p-1)/(m+p-1) under a
+    third; 1: under a half, half the messages); 1 without a pipeline."""
+    return per_stage * layout.pp if layout.pp > 1 else 1
+
+
+def chosen(cfg: Config) -> list[hybrid.Layout]:
+    """The layouts `cfg` measures, in `layouts` order: every one, or `cfg.only`;
+    ValueError (before any message) for a name that is no layout of cfg.ranks."""
+    every = hybrid.layouts(cfg.ranks)
+    if unknown := set(cfg.only) - {lay.name for lay in every}:
+        raise ValueError(f"no layout of {cfg.ranks} ranks is named "
+                         f"{', '.join(sorted(unknown))}")  # fmt: skip
+    return [lay for lay in every if not cfg.only or lay.name in cfg.only]
 
 
 def measure(cfg: Config) -> list[dict]:
@@ -61,12 +74,11 @@ def measure(cfg: Config) -> list[dict]:
     every rank): median step time, the fullest rank's bytes and its activations."""
     gpt, rows = cfg.gpt(), []
     batches = token_batches(cfg.warmup + cfg.steps, cfg.batch, gpt)
-    for layout in hybrid.layouts(cfg.ranks):
+    for layout in chosen(cfg):
         mesh = hybrid.make_mesh(layout, gpt)
         torch.manual_seed(0)
-        net = hybrid.HybridGPT(
-            TinyGPT(gpt), mesh, micro_batches=micro_batches(layout), check=False
-        )
+        m = micro_batches(layout, cfg.per_stage)
+        net = hybrid.HybridGPT(TinyGPT(gpt), mesh, micro_batches=m, check=False)
         times = torch.zeros(cfg.steps, dtype=torch.float64)
         for i, (x, y) in enumerate(batches):
             dist.barrier()
@@ -79,11 +91,11 @@ def measure(cfg: Config) -> list[dict]:
         mine = torch.tensor([sum(held.values()), held["activations"]])
         every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(every, mine)
-        memory = max(every, key=lambda m: m[0].item())  # the fullest rank's
+        memory = max(every, key=lambda e: e[0].item())  # the fullest rank's
         net.close()
         rows.append(dict(
             layout=layout.name, dp=layout.dp, pp=layout.pp, tp=layout.tp,
-            micro_batches=micro_batches(layout),
+            micro_batches=m,
             step_ms=round(1000 * statistics.median(times.tolist()), 3),
             memory_kib=round(memory[0].item() / 1024, 1),
             activations_kib=round(memory[1].item() / 1024, 1),
@@ -93,6 +105,8 @@ def measure(cfg: Config) -> list[dict]:
 
 def run(cfg: Config) -> dict:
     """The report: the table, the best layout, ratio = best / pure DP's step time."""
+    if chosen(cfg)[0].dp != cfg.ranks:
+        raise ValueError(f"the ratio needs pure data parallelism, {cfg.ranks}x1x1")
     rows = spawn(measure, cfg.ranks, cfg, timeout=120, deadline=600)[0]
     pure = next(r for r in rows if r["dp"] == cfg.ranks)
     best = min(rows, key=lambda r: r["step_ms"])

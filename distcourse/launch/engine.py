@@ -37,6 +37,10 @@ def engines(kernel_pid: int, n: int, argv: list[str]) -> None:
     import ipyparallel.engine.app  # noqa: F401  (warm import, shared by the forks)
     import torch  # noqa: F401
 
+    # DTensor and a pipeline's shapes on meta tensors import torch._dynamo when first
+    # used: 1-2 s of CPU in every engine (8 x on two cores: 6 s), once here instead
+    import torch._dynamo  # noqa: F401
+
     import distcourse.runtime  # noqa: F401
 
     children = []
