@@ -217,4 +217,7 @@ def test_to_global_of_a_local_tensor_takes_grad_sbp() -> None:
     for got in spawn(_from_local, 2, timeout=30):
         assert got["default"] == (True, True, False)  # all_gathered: whole everywhere
         assert got["P"] == (False, False, True)  # no message: parts that sum
-        assert got["error"] == "gt.to_global: grad_sbp B does not fit a piece of S(0)"
+        assert got["error"] == (
+            "gt.to_global: grad_sbp B does not fit a piece of S(0) (shape [4, 2]; at "
+            "mesh coordinate [0] a piece [4, 2], not [2, 2])"
+        )

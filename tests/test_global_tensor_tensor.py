@@ -192,3 +192,32 @@ def _two_d() -> tuple[list, list]:
 def test_dp_x_tp_on_a_2d_placement_equals_one_process() -> None:
     for losses, want in spawn(_two_d, 4, timeout=60):
         assert _close(losses, want)
+
+
+def _uneven_grad_sbp() -> list[str]:
+    """A (1, 4) tensor broadcast to 2 ranks: under grad_sbp=S(0) coordinate 0's piece
+    is (1, 4) as its own, coordinate 1's (0, 4): a check of this rank's piece only
+    would pass on rank 0 (which would then wait in the backward) and fail on rank 1.
+    Both conversions of a local tensor must refuse on both ranks."""
+    p = gt.placement("cpu", ranks=[0, 1])
+    b, s0 = gt.sbp.broadcast, gt.sbp.split(0)
+    x = gt.to_global(torch.ones(1, 4), p, b).requires_grad_()
+    errors = []
+    for call in (lambda: x.to_local(grad_sbp=s0),
+                 lambda: gt.to_global(torch.ones(1, 4), p, b, grad_sbp=s0)):  # fmt: skip
+        try:
+            call()
+            errors.append("no error")
+        except ValueError as err:
+            errors.append(str(err))
+    return errors
+
+
+def test_a_grad_sbp_that_fits_only_some_pieces_fails_on_every_rank() -> None:
+    results = spawn(_uneven_grad_sbp, 2, timeout=10)
+    assert results[0] == results[1]
+    assert results[0][0] == (
+        "to_local: grad_sbp S(0) does not fit a piece of B (shape [1, 4]; at mesh "
+        "coordinate [1] a piece [0, 4], not [1, 4])"
+    )
+    assert results[0][1].startswith("gt.to_global: grad_sbp S(0) does not fit")

@@ -25,6 +25,7 @@ from distcourse.global_tensor.sbp import (
     Broadcast,
     Signature,
     Split,
+    check_grad_fits,
     describe,
     local_piece,
     local_shape,
@@ -119,14 +120,8 @@ class FromLocal(torch.autograd.Function):
                 grad: Signature | None) -> GlobalTensor:  # fmt: skip
         ctx.sig = dual(sig) if grad is None else grad
         shape = _logical(x, pl, sig, "gt.to_global")
-        if grad is not None and any(  # every rank decides alike, from the shapes
-            local_shape(shape, grad, pl.hierarchy, c)
-            != local_shape(shape, sig, pl.hierarchy, c)
-            for c in torch.cartesian_prod(*[torch.arange(n) for n in pl.hierarchy])
-            .reshape(-1, pl.ndim).tolist()
-        ):  # fmt: skip
-            raise ValueError(f"gt.to_global: grad_sbp {describe(grad)} does not fit "
-                             f"a piece of {describe(sig)}")  # fmt: skip
+        if grad is not None:  # every rank decides alike, from the shapes
+            check_grad_fits(shape, sig, grad, pl.hierarchy, "gt.to_global")
         x = x.detach().clone(memory_format=torch.contiguous_format)
         for k, s in enumerate(sig):  # broadcast: coordinate 0's values win
             if isinstance(s, Broadcast) and pl.hierarchy[k] > 1:

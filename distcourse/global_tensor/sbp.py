@@ -16,6 +16,7 @@ the first `size % n` ranks hold one more element.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -117,6 +118,24 @@ def local_shape(
         if isinstance(s, Split):
             out[s.dim] = piece(out[s.dim], n, c)[1]
     return tuple(out)
+
+
+def check_grad_fits(shape: Sequence[int], sig: Signature, grad: Signature,
+                    mesh: Sequence[int], what: str) -> None:  # fmt: skip
+    """ValueError unless a gradient boxed into `grad` gives every coordinate of the
+    mesh a piece of the same shape as `sig` does (the local tensor's gradient must
+    have the local tensor's shape). Decided from shapes alone, for every coordinate,
+    so that every rank raises alike, before any collective, even where only some
+    pieces differ (an uneven split)."""
+    for coord in itertools.product(*(range(n) for n in mesh)):
+        got = local_shape(shape, grad, mesh, coord)
+        want = local_shape(shape, sig, mesh, coord)
+        if got != want:
+            raise ValueError(
+                f"{what}: grad_sbp {describe(grad)} does not fit a piece of "
+                f"{describe(sig)} (shape {list(shape)}; at mesh coordinate "
+                f"{list(coord)} a piece {list(got)}, not {list(want)})"
+            )
 
 
 def local_piece(

@@ -34,8 +34,8 @@ from distcourse.global_tensor.sbp import (
     Broadcast,
     PartialSum,
     Signature,
+    check_grad_fits,
     describe,
-    local_shape,
     signature,
 )
 
@@ -157,10 +157,7 @@ class GlobalTensor(Tensor):
         pl = self._placement
         if pl.coord is None:  # outside the placement: empty, as OneFlow's
             return ToLocal.apply(self, grad)
-        mine = local_shape(self.shape, self._sbp, pl.hierarchy, pl.coord)
-        if local_shape(self.shape, grad, pl.hierarchy, pl.coord) != mine:
-            raise ValueError(f"to_local: grad_sbp {describe(grad)} does not fit a "
-                             f"piece of {describe(self._sbp)}")  # fmt: skip
+        check_grad_fits(self.shape, self._sbp, grad, pl.hierarchy, "to_local")
         return ToLocal.apply(self, grad)
 
     def to_global(
