@@ -18,6 +18,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import ints, linear
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from torch import Tensor
@@ -33,15 +34,6 @@ B, P = gt.sbp.broadcast, gt.sbp.partial_sum
 ONE_D = [(S0,), (S1,), (B,), (P,)]
 TWO_D = [(S0, S1), (B, S0), (P, B), (S1, P), (S0, S0), (B, B)]
 EXAMPLES = {2: 20, 4: 10}  # hypothesis examples per placement, by world size
-
-
-def _ints(shape: tuple[int, ...], seed: int) -> Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(-4, 5, shape, generator=gen).to(torch.float64)
-
-
-def _lin(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
-    return F.linear(x, w, b)
 
 
 def _ce(x: Tensor, t: Tensor) -> Tensor:
@@ -61,7 +53,7 @@ OPS: dict[str, tuple[Callable, list, int]] = {
     "gelu": (F.gelu, [(4, 4)], 1),
     "tanh, sigmoid": (lambda a: torch.tanh(a) + torch.sigmoid(a), [(4, 4)], 1),
     "mm": (torch.mm, [(4, 4), (4, 4)], 2),
-    "linear": (_lin, [(4, 4), (4, 4), (4,)], 3),
+    "linear": (linear, [(4, 4), (4, 4), (4,)], 3),
     "t": (lambda a: a.t() * 1, [(4, 4)], 1),
     "permute 3-D": (lambda a: a.permute(2, 0, 1) * 1, [(4, 4, 2)], 1),
     "unsqueeze": (lambda a: a.unsqueeze(1) * 1, [(4, 4)], 1),
@@ -85,10 +77,10 @@ def _sigs(sig: tuple, shape: tuple[int, ...]) -> tuple:
 
 def _check_op(name: str, sigs: list[tuple], p: gt.Placement) -> list[str]:
     fn, shapes, n_grad = OPS[name]
-    wholes = [_ints(s, 7 + i) for i, s in enumerate(shapes)]
+    wholes = [ints(s, 7 + i) for i, s in enumerate(shapes)]
     refs = [w.clone().requires_grad_(i < n_grad) for i, w in enumerate(wholes)]
     ref = fn(*refs)
-    weight = _ints(tuple(ref.shape), 99)
+    weight = ints(tuple(ref.shape), 99)
     (ref * weight).sum().backward()
     xs = [placed(w, p, _sigs(s, w.shape)) for w, s in zip(wholes, sigs, strict=True)]
     xs = [x.requires_grad_() if i < n_grad else x for i, x in enumerate(xs)]
@@ -148,7 +140,7 @@ def programs(draw: Callable, sigs: list[tuple]) -> tuple:
 
 
 def _run_program(leaves: list, steps: list, p: gt.Placement) -> str:
-    wholes = [_ints((4, 4), 20 + i) / 2 for i in range(len(leaves))]
+    wholes = [ints((4, 4), 20 + i) / 2 for i in range(len(leaves))]
     refs = [w.clone().requires_grad_() for w in wholes]
     xs = [placed(w, p, s).requires_grad_() for w, s in zip(wholes, leaves, strict=True)]
     ys, vs = list(xs), list(refs)
@@ -159,7 +151,7 @@ def _run_program(leaves: list, steps: list, p: gt.Placement) -> str:
         else:
             ys.append(_apply(op, ys[a], ys[b]))
             vs.append(_apply(op, vs[a], vs[b]))
-    weight = _ints((4, 4), 5)
+    weight = ints((4, 4), 5)
     (vs[-1] * weight).sum().backward()
     (ys[-1] * placed(weight, p, (B,) * p.ndim)).sum().backward()
     if not torch.allclose(ys[-1].full_tensor(), vs[-1], atol=1e-9):

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import ints, linear
 from torch import Tensor
 
 import distcourse.global_tensor as gt
@@ -19,15 +20,6 @@ from distcourse.launch import spawn
 
 S0, S1 = gt.sbp.split(0), gt.sbp.split(1)
 B, P = gt.sbp.broadcast, gt.sbp.partial_sum
-
-
-def _ints(shape: tuple[int, ...], seed: int) -> Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(-4, 5, shape, generator=gen).to(torch.float64)
-
-
-def _lin(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
-    return F.linear(x, w, b)
 
 
 def _ce(x: Tensor, t: Tensor) -> Tensor:
@@ -43,18 +35,18 @@ CASES: dict[str, tuple[Callable, list, list, object]] = {
     "mm B x P": (torch.mm, [(5, 4), (4, 3)], [B, P], P),
     "mm B x B": (torch.mm, [(5, 4), (4, 3)], [B, B], B),
     "mm S0 x S1 (boxes)": (torch.mm, [(5, 4), (4, 3)], [S0, S1], S0),
-    "linear, data parallel": (_lin, [(5, 4), (3, 4), (3,)], [S0, B, B], S0),
-    "linear, column parallel": (_lin, [(5, 4), (3, 4), (3,)], [B, S0, S0], S1),
-    "linear, row parallel": (_lin, [(5, 4), (3, 4), (3,)], [S1, S1, B], P),
-    "linear 3-D, batch S0": (_lin, [(4, 3, 5), (2, 5), (2,)], [S0, B, B], S0),
+    "linear, data parallel": (linear, [(5, 4), (3, 4), (3,)], [S0, B, B], S0),
+    "linear, column parallel": (linear, [(5, 4), (3, 4), (3,)], [B, S0, S0], S1),
+    "linear, row parallel": (linear, [(5, 4), (3, 4), (3,)], [S1, S1, B], P),
+    "linear 3-D, batch S0": (linear, [(4, 3, 5), (2, 5), (2,)], [S0, B, B], S0),
     "linear 3-D, uneven batch (boxes)": (
-        _lin,
+        linear,
         [(3, 4, 5), (2, 5), (2,)],
         [S0, B, B],
         B,
     ),  # fmt: skip
     "linear 3-D, sequence S1 (boxes)": (
-        _lin,
+        linear,
         [(4, 3, 5), (2, 5), (2,)],
         [S1, B, B],
         B,
@@ -98,13 +90,13 @@ CASES: dict[str, tuple[Callable, list, list, object]] = {
 CASES_2D: dict[str, tuple[Callable, list, list, object]] = {
     "OneFlow 2-D matmul": (torch.mm, [(4, 5), (5, 6)], [(B, S0), (S1, B)], (S1, S0)),
     "dp x tp column": (
-        _lin,
+        linear,
         [(6, 4), (5, 4), (5,)],
         [(S0, B), (B, S0), (B, S0)],
         (S0, S1),
     ),  # fmt: skip
     "dp x tp row": (
-        _lin,
+        linear,
         [(6, 4), (5, 4), (5,)],
         [(S0, S1), (B, S1), (B, B)],
         (S0, P),
@@ -116,7 +108,7 @@ CASES_2D: dict[str, tuple[Callable, list, list, object]] = {
 
 
 def _inputs(shapes: list, seed: int) -> list[Tensor]:
-    xs = [_ints(s, seed + i) for i, s in enumerate(shapes)]
+    xs = [ints(s, seed + i) for i, s in enumerate(shapes)]
     if len(xs) == 2 and xs[1].dim() == 1 and xs[0].shape[0] == xs[1].shape[0]:
         xs[1] = (xs[1].abs() % xs[0].shape[1]).to(torch.float64)  # class labels
     return xs
@@ -131,7 +123,7 @@ def _run(cases: dict, ranks: list) -> list[str]:
         needs = [True] * len(wholes) if grads is True else grads
         refs = [w.clone().requires_grad_(n) for w, n in zip(wholes, needs, strict=True)]
         ref = fn(*refs)
-        weight = _ints(tuple(ref.shape), 99)
+        weight = ints(tuple(ref.shape), 99)
         (ref * weight).sum().backward()
         xs = []
         for w, s, n in zip(wholes, sigs, needs, strict=True):

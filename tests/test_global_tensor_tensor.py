@@ -203,8 +203,10 @@ def _uneven_grad_sbp() -> list[str]:
     b, s0 = gt.sbp.broadcast, gt.sbp.split(0)
     x = gt.to_global(torch.ones(1, 4), p, b).requires_grad_()
     errors = []
-    for call in (lambda: x.to_local(grad_sbp=s0),
-                 lambda: gt.to_global(torch.ones(1, 4), p, b, grad_sbp=s0)):  # fmt: skip
+    for call in (
+        lambda: x.to_local(grad_sbp=s0),
+        lambda: gt.to_global(torch.ones(1, 4), p, b, grad_sbp=s0),
+    ):
         try:
             call()
             errors.append("no error")
