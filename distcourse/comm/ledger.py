@@ -106,20 +106,18 @@ class _P2POp(c10d.P2POp):
         super().__init__(_unwrap(op), *args, **kwargs)
 
 
-def _group_size(args: tuple, at: int | None) -> int:
+def _functional_group(args: tuple) -> Any:
+    """The process group a functional collective names, or None if unknown."""
+    try:  # the group's name is the last positional argument
+        return c10d._resolve_process_group(args[-1])
+    except Exception:  # an older or newer torch
+        return None
+
+
+def _group_size(args: tuple, at: int | None, group: Any) -> int:
     if at is not None:
         return int(args[at])
-    try:  # the group's name is the last positional argument
-        return c10d._resolve_process_group(args[-1]).size()
-    except Exception:  # an older or newer torch: size unknown
-        return -1
-
-
-def _functional_ranks(args: tuple) -> tuple[int, ...]:
-    try:  # the group's name is the last positional argument
-        return _ranks(c10d._resolve_process_group(args[-1]))
-    except Exception:  # an older or newer torch: unknown
-        return ()
+    return -1 if group is None else group.size()
 
 
 def _ranks(group: Any) -> tuple[int, ...]:
@@ -137,9 +135,11 @@ class _FunctionalSpy(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         name = func.overloadpacket.__name__
         if func.namespace == "_c10d_functional" and name in _FUNCTIONAL:
-            size = _group_size(args, _FUNCTIONAL[name])
+            group = _functional_group(args)
+            size = _group_size(args, _FUNCTIONAL[name], group)
+            ranks = () if group is None else _ranks(group)
             record = Record(f"functional.{name}", "collective", _nbytes(args[0]),
-                            None, size, _functional_ranks(args))  # fmt: skip
+                            None, size, ranks)  # fmt: skip
             self.records.append(record)
         return func(*args, **(kwargs or {}))
 
@@ -203,9 +203,9 @@ class Ledger:
         def wrapper(p2p_op_list: list, *args: Any, **kwargs: Any) -> Any:
             for p in p2p_op_list:
                 kind = "send" if _unwrap(p.op) is c10d.isend else "recv"
-                size = dist.get_world_size(p.group)
+                ranks = _ranks(p.group)
                 record = Record("batch_isend_irecv", kind, _nbytes(p.tensor), p.peer,
-                                size, _ranks(p.group))  # fmt: skip
+                                len(ranks), ranks)  # fmt: skip
                 self.records.append(record)
             return fn(p2p_op_list, *args, **kwargs)
 
@@ -213,7 +213,8 @@ class Ledger:
         return wrapper
 
     def _record(self, op: str, args: dict) -> None:
-        size, ranks = dist.get_world_size(args.get("group")), _ranks(args.get("group"))
+        ranks = _ranks(args.get("group"))
+        size = len(ranks)
         if op in _P2P:
             kind, peer = _P2P[op]
             payload = _nbytes(args.get("tensor"))

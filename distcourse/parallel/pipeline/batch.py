@@ -106,14 +106,12 @@ class BatchCheck:
     def _same(self, x: Tensor | None, target: Tensor | None) -> None:
         """With inputs="first": this rank's batch has the first step's shape."""
         micro_shape, dtype = self.agreed  # type: ignore[misc]
-        if x is not None:
-            got = (x.dtype, len(x) % self.m, (len(x) // self.m, *x.shape[1:]))
-            if got != (dtype, 0, tuple(micro_shape)):
-                raise ValueError(
-                    f"{self.describe(0)}: inputs='first' agreed on batches of "
-                    f"{self.m} x {dtype} {list(micro_shape)}; this one is {x.dtype} "
-                    f"{list(x.shape)}"
-                )
+        if x is not None and self.local(x) != self.agreed:
+            raise ValueError(
+                f"{self.describe(0)}: inputs='first' agreed on batches of "
+                f"{self.m} x {dtype} {list(micro_shape)}; this one is {x.dtype} "
+                f"{list(x.shape)}"
+            )
         if target is not None and len(target) != micro_shape[0] * self.m:
             where = self.describe(self.stages - 1)
             raise ValueError(f"{where}: target batch {len(target)} != the agreed "
