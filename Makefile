@@ -18,7 +18,8 @@ TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 NB_TIMEOUT ?= 180
 export IPYTHONDIR ?= $(CURDIR)/.ipython
 
-.PHONY: venv lock book test lint unit notebooks browser execute check clean test-gpu
+.PHONY: venv lock book test lint unit notebooks browser chromium execute check clean \
+	test-gpu
 
 venv: $(VENV)/.installed
 
@@ -79,11 +80,18 @@ notebooks: venv
 
 # The built book in headless Chromium at 1280x900 (tests/test_book_browser.py): builds
 # it from the stored outputs first. Needs the system's chromium (README, "The browser
-# test"); nothing is downloaded.
-browser: book
+# test"); nothing is downloaded at run time.
+browser: chromium book
 	$(PY) -m pytest tests/test_book_browser.py
 
-test: lint unit notebooks browser
+# Chromium for the browser test: found, installed (root with apt-get), or a one-line
+# instruction and a stop, before the long steps of `make test` begin.
+chromium:
+	@bash tools/need-chromium.sh
+
+# `notebooks` also checks every verdict the chapters print (conftest.py): the CPU
+# side of `make test-gpu`, on the outputs nbval has just executed.
+test: chromium lint unit notebooks browser
 
 # On a GPU box: re-execute every chapter on NCCL ranks (copies; nothing stored is
 # written) and check that every verdict it prints is a PASS; report in _build/bookrun.
