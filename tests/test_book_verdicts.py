@@ -1,0 +1,76 @@
+"""conftest.py's verdict check: under `pytest --nbval`, every verdict a notebook prints
+in this run must hold, also where nbval does not compare the output.
+
+Each case runs pytest on a two-cell notebook in a folder of the repository (so the
+repository's conftest.py applies), in a subprocess with its own kernel.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run_nbval(folder: Path, printed: str, stored: str) -> subprocess.CompletedProcess:
+    """pytest --nbval on a notebook that prints `printed` where `stored` is stored.
+
+    The cell is marked NBVAL_IGNORE_OUTPUT, as a timing cell would be: nbval itself
+    does not compare it, so only the verdict check can see what it printed.
+    """
+    cell = new_code_cell(
+        f"# NBVAL_IGNORE_OUTPUT\nprint({printed!r})",
+        execution_count=2,
+        outputs=[new_output("stream", name="stdout", text=stored + "\n")],
+    )
+    path = folder / "verdicts.ipynb"
+    nbformat.write(
+        new_notebook(cells=[new_code_cell("x = 1", execution_count=1), cell]), path
+    )
+    command = [sys.executable, "-m", "pytest", str(path), "--nbval-lax", "-q"]
+    command += ["--nbval-current-env", "-p", "no:cacheprovider"]
+    return subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    """A new folder inside the repository (conftest.py applies), removed after."""
+    (ROOT / "_build").mkdir(exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="verdicts-", dir=ROOT / "_build"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_verdict_that_fails_where_nbval_does_not_compare_fails_the_run(
+    folder: Path,
+) -> None:
+    run = _run_nbval(folder, "max |diff| <= 1e-06: FAIL", "max |diff| <= 1e-06: PASS")
+    assert run.returncode == 1, run.stdout
+    assert "verdict FAILED: verdicts.ipynb: max |diff| <= 1e-06: FAIL" in run.stdout
+    assert "verdicts.ipynb: printed no verdict this time" in run.stdout
+    assert "notebook verdicts: 0 passed, 2 failed (1 notebooks)" in run.stdout
+
+
+def test_verdicts_that_hold_pass_and_are_counted(folder: Path) -> None:
+    run = _run_nbval(folder, "identical on every rank: True", "identical: True")
+    assert run.returncode == 0, run.stdout
+    assert "notebook verdicts: 1 passed, 0 failed (1 notebooks)" in run.stdout
+
+
+def test_a_fail_printed_on_purpose_in_the_stored_notebook_passes(
+    folder: Path,
+) -> None:
+    shown = "one bucket hides nothing: False"  # a check shown failing on purpose
+    run = _run_nbval(folder, shown, shown)
+    assert run.returncode == 0, run.stdout
