@@ -9,6 +9,7 @@ test runner, say), they exit, so no process outlives its notebook.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -35,13 +36,13 @@ def controller(kernel_pid: int, argv: list[str]) -> None:
 def engines(kernel_pid: int, n: int, argv: list[str]) -> None:
     """Fork `n` engines after importing torch; forward signals; reap them."""
     import ipyparallel.engine.app  # noqa: F401  (warm import, shared by the forks)
-    import torch  # noqa: F401
 
-    # DTensor and a pipeline's shapes on meta tensors import torch._dynamo when first
-    # used: 1-2 s of CPU in every engine (8 x on two cores: 6 s), once here instead
-    import torch._dynamo  # noqa: F401
+    # torch, and what DTensor and pipelines import on first use (torch._dynamo: 1-2 s
+    # of CPU in every engine), once here instead of once per engine
+    from distcourse.launch.spawn import PRELOAD
 
-    import distcourse.runtime  # noqa: F401
+    for name in PRELOAD:
+        importlib.import_module(name)
 
     children = []
     for _ in range(n):
