@@ -95,6 +95,7 @@ def test_the_fixed_versions_pass(tmp_path: Path) -> None:
         'mesh = DeviceMesh("cpu", [0, 1])',
         'mesh = Mesh((2, 2), ("dp", "tp"), device_type="cpu")',
         'from distcourse.global_tensor import placement as where\nwhere("cpu", [0])',
+        "p = gt.placement(ranks=[0, 1])",  # the default type is the CPU
     ],
 )
 def test_each_form_is_refused(tmp_path: Path, code: str) -> None:
@@ -110,6 +111,7 @@ def test_each_form_is_refused(tmp_path: Path, code: str) -> None:
         "dist.all_reduce(t)",
         "dist.all_reduce(torch.zeros(2))  # devicecheck: host",
         'mesh = Mesh((2, 2), ("dp", "tp"))',  # Mesh takes the rank's device itself
+        "p = gt.placement(mesh=mesh)",  # the mesh's device type
     ],
 )
 def test_what_is_not_refused(tmp_path: Path, code: str) -> None:

@@ -12,7 +12,8 @@ notebook rank cells (`%%px` / `%%ranks`, and the functions a notebook hands to
   argument on (`dist.send(torch.tensor([3.0]), dst=1)` fails on NCCL with "No backend
   type associated with device type cpu");
 - a literal "cpu" as the device type of `placement`, `init_device_mesh`, `DeviceMesh`
-  or `Mesh(..., device_type=...)`: write the rank's device type (`device.type`).
+  or `Mesh(..., device_type=...)`, and a `placement(...)` with no device type (its
+  default is the CPU): write the rank's device type (`device.type`).
 
 A deliberate host tensor says so with a trailing `# devicecheck: host` comment on the
 line that makes or sends it (rare, and explained beside it). Each refusal is printed

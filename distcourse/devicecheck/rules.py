@@ -216,6 +216,12 @@ class Checker:
         given = [k.value for k in call.keywords if k.arg in DEVICE_TYPE_KEYWORDS]
         if called in ("placement", "init_device_mesh", "DeviceMesh") and call.args:
             given.append(call.args[0])
+        keywords = {k.arg for k in call.keywords}
+        if called == "placement" and not given and "mesh" not in keywords:
+            message = (
+                "placement() without a device type is on the CPU; pass device.type"
+            )
+            self._refuse(unit, call, message)
         for value in given:
             if isinstance(value, ast.Constant) and value.value == "cpu":
                 self._refuse(
