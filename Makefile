@@ -67,9 +67,12 @@ book: venv
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
 	@echo "Open $(CURDIR)/_build/html/index.html in your browser."
 
+# devicecheck: every tensor a collective meets is on the rank's device, and no mesh or
+# placement names "cpu" for it (a static check: CI has no GPU to find them).
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) -m distcourse.devicecheck
 
 unit: venv
 	$(PY) -m pytest tests --ignore=tests/test_book_browser.py

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from distcourse import runtime
+
 
 def parser(name: str, description: str, quick: str) -> argparse.ArgumentParser:
     """`python -m distcourse.bench NAME` with the options every benchmark takes."""
@@ -72,8 +74,16 @@ def time_rounds(
             steps[k]()
             if i >= warmup:
                 times[k, i - warmup] = time.perf_counter() - start
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step lasts as its slowest rank
-    return times.tolist()
+    return slowest(times).tolist()
+
+
+def slowest(times: torch.Tensor) -> torch.Tensor:
+    """`times` (seconds, kept on the host while timing) maxed over the ranks: a step
+    lasts as its slowest rank. Reduced on the rank's device (NCCL takes only GPU
+    tensors), returned on the host."""
+    on_device = times.to(runtime.device())
+    dist.all_reduce(on_device, op=dist.ReduceOp.MAX)
+    return on_device.cpu()
 
 
 def rows(world: int, names: Sequence[str], times: Sequence, reference: int) -> list:

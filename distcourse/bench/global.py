@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 import distcourse.global_tensor as gt
+from distcourse import runtime
 from distcourse.bench import common
 from distcourse.launch import spawn
 
@@ -61,7 +62,7 @@ def _dtensor_step(cfg: Config) -> Callable[[], torch.Tensor]:
         init_device_mesh,
     )
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = init_device_mesh(runtime.device().type, (dist.get_world_size(),))
     x, w, v = [
         distribute_tensor(t, mesh, [s]).requires_grad_()
         for t, s in zip(_tensors(cfg), [Shard(1), Shard(0), Shard(1)], strict=True)
@@ -79,7 +80,8 @@ def _dtensor_step(cfg: Config) -> Callable[[], torch.Tensor]:
 
 
 def _our_step(cfg: Config) -> Callable[[], torch.Tensor]:
-    p = gt.placement("cpu", ranks=list(range(dist.get_world_size())))
+    world = list(range(dist.get_world_size()))
+    p = gt.placement(runtime.device().type, ranks=world)
     b = gt.sbp.broadcast
     sigs = [gt.sbp.split(1), gt.sbp.split(0), gt.sbp.split(1)]
     x, w, v = [

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from distcourse import runtime
 from distcourse.bench import common
 from distcourse.examples.gpt import GPTConfig, TinyGPT, token_batches
 from distcourse.launch import spawn
@@ -86,9 +87,11 @@ def measure(cfg: Config) -> list[dict]:
             net.step(x, y)
             if i >= cfg.warmup:
                 times[i - cfg.warmup] = time.perf_counter() - start
-        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step lasts as its slowest
+        times = common.slowest(times)  # a step lasts as its slowest rank
         held = net.held()
-        mine = torch.tensor([sum(held.values()), held["activations"]])
+        mine = torch.tensor(
+            [sum(held.values()), held["activations"]], device=runtime.device()
+        )
         every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(every, mine)
         memory = max(every, key=lambda e: e[0].item())  # the fullest rank's

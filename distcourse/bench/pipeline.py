@@ -125,8 +125,7 @@ def _timed(runners: list, cfg: Config, steps: int) -> torch.Tensor:
             runners[k].step(x, y)
             if i >= cfg.warmup:
                 times[k, i - cfg.warmup] = time.perf_counter() - start
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    return times
+    return common.slowest(times)
 
 
 def _two_ranks(cfg: Config) -> list[list[float]]:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from distcourse import runtime
+from distcourse.bench import common
 from distcourse.examples import models
 from distcourse.launch import spawn
 
@@ -64,8 +65,7 @@ def _measure(cfg: Config) -> dict[str, list[float]]:
             optimizer.step()
             if i >= cfg.warmup:
                 spent[i - cfg.warmup] = time.perf_counter() - start
-        dist.all_reduce(spent, op=dist.ReduceOp.MAX)
-        times[mode] = spent.tolist()
+        times[mode] = common.slowest(spent).tolist()
     return times
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from distcourse import runtime
 from distcourse.bench import common
 from distcourse.examples.gpt import MLP
 from distcourse.launch import spawn
@@ -57,7 +58,7 @@ def _torch_mlp(mlp: nn.Module) -> nn.Module:
         parallelize_module,
     )
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = init_device_mesh(runtime.device().type, (dist.get_world_size(),))
     plan = {"fc": ColwiseParallel(), "proj": RowwiseParallel()}
     return parallelize_module(copy.deepcopy(mlp), mesh, plan)
 

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from distcourse import runtime
 from distcourse.global_tensor.placement import Placement
 from distcourse.global_tensor.placement import placement as make_placement
 from distcourse.global_tensor.sbp import Broadcast
@@ -47,9 +48,11 @@ def save(obj: Any, path: str | Path, global_dst_rank: int = 0) -> None:
 def load(
     path: str | Path, global_src_rank: int = 0, placement: Placement | None = None
 ) -> Any:
-    """Read obj on one rank; every tensor in it becomes a broadcast global tensor."""
+    """Read obj on one rank; every tensor in it becomes a broadcast global tensor
+    (by default on every rank of the world, on the rank's device)."""
     _check_rank(global_src_rank, "global_src_rank")
-    pl = placement or make_placement("cpu", list(range(dist.get_world_size())))
+    device = runtime.device()  # the world's broadcasts: NCCL takes only GPU tensors
+    pl = placement or make_placement(device.type, list(range(dist.get_world_size())))
     me = dist.get_rank()
     box: list[Any] = [None]
     if me == global_src_rank:
@@ -65,7 +68,10 @@ def load(
         if not (isinstance(m, tuple) and len(m) == 2 and isinstance(m[1], torch.dtype)):
             out.append(m)
             continue
-        t = flat[i].contiguous() if flat else torch.empty(m[0], dtype=m[1])
+        if flat:
+            t = flat[i].contiguous().to(device)
+        else:
+            t = torch.empty(m[0], dtype=m[1], device=device)
         dist.broadcast(t, src=global_src_rank)
         sig = tuple(Broadcast() for _ in range(pl.ndim))
         out.append(GlobalTensor(t.to(pl.device), pl, sig, tuple(m[0])))

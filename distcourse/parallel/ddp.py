@@ -141,7 +141,6 @@ class DDP(nn.Module):
             if check_equal:
                 check_same_values(named, group)
             copy_from_rank0(module, group, buffers=self.options.init_sync_buffers)
-
         self.names = {id(p): n for n, p in named}
         params = [p for _, p in named]
         groups = assign_buckets(params, int(self.options.bucket_cap_mb * 2**20))
@@ -294,7 +293,8 @@ class DDP(nn.Module):
                 self._copy_in(grad, bucket.view(slot))
             bucket.ready[slot] = True
         self._launch_full_buckets()  # first: every rank must launch them before ...
-        params = [p for b in self.buckets for p in b.params]
+        params = [p for b in buckets for p in b.params]
         has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
+        has_grad = has_grad.to(runtime.device())  # NCCL takes only GPU tensors
         dist.all_reduce(has_grad, group=self.group)  # ... this, in the same order
         return {id(p): bool(n) for p, n in zip(params, has_grad.tolist(), strict=True)}
