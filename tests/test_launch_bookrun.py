@@ -119,7 +119,7 @@ def test_on_one_gpu_chapter_1_runs_and_every_other_is_not_run() -> None:
     text = bookrun.report(chapters, "a box with one GPU")
     for c in chapters[1:]:
         assert f"{c.needs:>5}" in text and f"needs {c.needs} GPUs: not run" in text
-    rows = {line.split()[0]: line for line in text.splitlines()[3:13]}
+    rows = {line.split()[0]: line for line in text.splitlines() if line[:1].isdigit()}
     assert rows["01_quickstart"].endswith("  ok")
     assert "chapters: 1 run, 9 not run (need more GPUs)" in text
     assert text.endswith("verdicts: 1 passed, 0 failed; PASS")  # not run: no failure

@@ -191,13 +191,18 @@ def machine(device: str, gpus: int) -> str:
 
 def report(chapters: list[Chapter], where: str) -> str:
     """The short report: each chapter run or not, its verdicts and time; the machine."""
-    lines = [f"Book run on {where}", ""]
     head = f"{'chapter':<24} {'needs':>5} {'time':>8} {'passed':>6} {'failed':>6}"
-    lines.append(f"{head}  result")
+    lines = [
+        f"Book run on {where}",
+        "needs: the fewest ranks a chapter is written for (on NCCL, a GPU each)",
+        "",
+        f"{head}  result",
+    ]
     for c in chapters:
+        ran = (f"{c.seconds:>7.1f}s", str(len(c.passed)), str(len(c.failed)))
+        secs, passed, failed = ran if c.runs else ("-", "-", "-")
         lines.append(
-            f"{c.name:<24} {c.needs:>5} {c.seconds:>7.1f}s {len(c.passed):>6} "
-            f"{len(c.failed):>6}  {c.result}"
+            f"{c.name:<24} {c.needs:>5} {secs:>8} {passed:>6} {failed:>6}  {c.result}"
         )
     for c in chapters:
         lines += [f"{c.name}: cell error: {c.error}"] if c.error else []
