@@ -19,7 +19,7 @@ NB_TIMEOUT ?= 180
 export IPYTHONDIR ?= $(CURDIR)/.ipython
 
 .PHONY: venv lock book test lint unit notebooks browser chromium execute check clean \
-	test-gpu
+	test-gpu test-gpu-suite test-gpu-book
 
 venv: $(VENV)/.installed
 
@@ -96,11 +96,21 @@ chromium:
 # side of `make test-gpu`, on the outputs nbval has just executed.
 test: chromium lint unit notebooks browser
 
-# On a GPU box: re-execute every chapter on NCCL ranks (copies; nothing stored is
-# written) and check that every verdict it prints is a PASS; report in _build/bookrun.
-# `DISTCOURSE_DEVICE=cpu make test-gpu` is its dry run on gloo ranks (CI runs it).
-# pytest (make test) always uses CPU ranks: see conftest.py.
+# On a GPU box, two checks; -k: the book runs even where the suite failed, and the
+# target fails if either did. `DISTCOURSE_DEVICE=cpu make test-gpu` is their dry run
+# on gloo ranks (CI runs it). pytest (make test) uses CPU ranks: see conftest.py.
 test-gpu: venv
+	$(MAKE) --no-print-directory -k test-gpu-suite test-gpu-book
+
+# The GPU suite (tests/gpu): each strategy's module on the device, at the world sizes
+# the box allows (one GPU per NCCL rank), against one process on the same device.
+test-gpu-suite: venv
+	DISTCOURSE_GPU_SUITE_DEVICE=$${DISTCOURSE_DEVICE:-cuda} $(PY) -m pytest tests/gpu -rs
+
+# Re-execute every chapter that fits the box's GPUs on NCCL ranks (copies; nothing
+# stored is written) and check that every verdict it prints is a PASS; a chapter that
+# needs more GPUs is reported, not run. Report in _build/bookrun.
+test-gpu-book: venv
 	DISTCOURSE_DEVICE=$${DISTCOURSE_DEVICE:-cuda} $(PY) -m distcourse.launch.bookrun \
 		--timeout $(NB_TIMEOUT)
 

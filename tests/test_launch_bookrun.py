@@ -75,24 +75,80 @@ def _chapter(tmp_path: Path, name: str, *sources: str) -> Path:
     return path
 
 
-def test_chapters_run_on_their_rank_count_or_one_rank_per_gpu(tmp_path) -> None:
+def test_a_chapter_needs_its_written_rank_count_or_its_declared_minimum(
+    tmp_path,
+) -> None:
     four = _chapter(
         tmp_path, "a", "r = cluster.start(4)", "cluster.start(2, debug=True)"
     )
-    none = _chapter(tmp_path, "b", "print(1)")
-    short, empty = bookrun.plan([four, none], "cuda", gpus=2)
-    assert (short.written_ranks, short.ranks, empty.ranks) == (4, 2, 0)
-    assert [c.ranks for c in bookrun.plan([four], "cuda", gpus=8)] == [4]
-    assert [c.ranks for c in bookrun.plan([four], "cpu", gpus=8)] == [4]  # dry run
-    nb = nbformat.read(four, as_version=4)
-    bookrun.set_ranks(nb, 2)
-    assert [c.source for c in nb.cells] == [
-        "r = cluster.start(2)",
-        "cluster.start(2, debug=True)",
+    spawned = _chapter(
+        tmp_path, "b", "spawn(fn, 2)", "!torchrun --nproc-per-node 8 x.py"
+    )
+    none = _chapter(
+        tmp_path, "c", "print(1)", "cluster.start()", "mp.spawn(f, args=(2,))"
+    )
+    any_count = _chapter(
+        tmp_path, "d", "cluster.start(min(4, cluster.default_ranks()))"
+    )
+    nb = nbformat.read(any_count, as_version=4)
+    nb.metadata["distcourse"] = {"min_ranks": 1}
+    nbformat.write(nb, any_count)
+    on_eight = bookrun.plan([four, spawned, none, any_count], "cuda", gpus=8)
+    assert [(c.needs, c.runs) for c in on_eight] == [
+        (4, True),
+        (8, True),
+        (0, True),
+        (1, True),
     ]
-    text = bookrun.report([short, empty], "a test")
-    assert "* more ranks than GPUs, run one per GPU: a (4)" in text
-    assert text.endswith("verdicts: 0 passed, 0 failed; FAIL")  # none seen: no pass
+    on_two = bookrun.plan([four, spawned, none, any_count], "cuda", gpus=2)
+    assert [c.runs for c in on_two] == [False, False, True, True]
+    dry = bookrun.plan([four, spawned, none, any_count], "cpu", gpus=0)
+    assert all(c.runs for c in dry)  # gloo ranks: every chapter at its counts
+    nb.cells.append(new_code_cell("cluster.start(2)"))  # declared 1, but starts 2
+    nbformat.write(nb, any_count)
+    with pytest.raises(ValueError, match="d: metadata says min_ranks=1, but a cell"):
+        bookrun.plan([any_count], "cuda", gpus=8)
+
+
+def test_on_one_gpu_chapter_1_runs_and_every_other_is_not_run() -> None:
+    """The book as a box with one visible GPU sees it: pure planning, no GPU."""
+    chapters = bookrun.plan(sorted(bookrun.BOOK.glob("*.ipynb")), "cuda", gpus=1)
+    assert [c.name for c in chapters if c.runs] == ["01_quickstart"]
+    assert all(c.needs > 1 for c in chapters if not c.runs)
+    chapters[0].passed = ["parameters vs one process: <= 1e-06: PASS"]
+    text = bookrun.report(chapters, "a box with one GPU")
+    for c in chapters[1:]:
+        assert f"{c.needs:>5}" in text and f"needs {c.needs} GPUs: not run" in text
+    rows = {line.split()[0]: line for line in text.splitlines() if line[:1].isdigit()}
+    assert rows["01_quickstart"].endswith("  ok")
+    assert "chapters: 1 run, 9 not run (need more GPUs)" in text
+    assert text.endswith("verdicts: 1 passed, 0 failed; PASS")  # not run: no failure
+    assert bookrun.succeeded(chapters)
+    chapters[0].failed = ["bit for bit: False"]
+    assert not bookrun.succeeded(chapters)
+
+
+def test_a_run_in_which_nothing_ran_or_nothing_was_checked_is_no_pass(
+    tmp_path,
+) -> None:
+    eight = _chapter(tmp_path, "a", "cluster.start(8)")
+    none = _chapter(tmp_path, "b", "print(1)")
+    nothing_ran = bookrun.plan([eight], "cuda", gpus=1)
+    text = bookrun.report(nothing_ran, "a test")
+    assert "needs 8 GPUs: not run" in text
+    assert text.endswith("verdicts: 0 passed, 0 failed; FAIL")
+    assert not bookrun.succeeded(bookrun.plan([eight, none], "cuda", gpus=1))
+
+
+def test_more_cuda_ranks_than_gpus_is_a_clear_error(monkeypatch) -> None:
+    """What bookrun plans around stays an error when a chapter asks for it anyway."""
+    from distcourse.launch import cluster
+
+    monkeypatch.setattr(runtime, "gpu_count", lambda: 1)
+    monkeypatch.setenv(runtime.DEVICE_VARIABLE, "cuda")
+    assert min(4, cluster.default_ranks()) == 1  # chapter 1's count on one GPU
+    with pytest.raises(ValueError, match="2 ranks on this host, 1 GPUs visible"):
+        cluster.start(2)  # refused before any engine starts
 
 
 def test_a_gpu_run_without_a_gpu_says_how_to_dry_run(monkeypatch, capsys) -> None:

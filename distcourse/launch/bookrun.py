@@ -11,10 +11,15 @@ A FAIL or False that the stored notebook prints word for word is a check shown f
 on purpose (chapter 3: one bucket hides nothing) and must come out the same.
 Everything else in the output is not compared.
 
-DISTCOURSE_DEVICE chooses the ranks (default cuda): each chapter runs on its written
-rank count where there are that many GPUs, otherwise on one rank per GPU, and the
-report names those chapters. DISTCOURSE_DEVICE=cpu is the dry run: gloo ranks at the
-written counts, so CI exercises everything here except the NCCL path itself.
+DISTCOURSE_DEVICE chooses the ranks (default cuda). A chapter runs at the rank count
+it is written for, never cut to fewer: on NCCL every rank needs a GPU of its own, so a
+chapter that needs more GPUs than the box has is reported `needs N GPUs: not run` and
+does not fail the run. What a chapter needs is the `min_ranks` of its notebook
+metadata (`{"distcourse": {"min_ranks": 1}}`: its cells run on any count from there,
+e.g. `cluster.start(min(4, cluster.default_ranks()))`), or else the largest rank count
+its code cells write (`cluster.start(4)`, `spawn(fn, 2)`, `--nproc-per-node 4`).
+DISTCOURSE_DEVICE=cpu is the dry run: every chapter on gloo ranks at its written
+counts, so CI exercises everything here except the NCCL path itself.
 Notebooks execute from a copy in memory, with book/ as working directory; the stored
 notebooks are never written. The executed copies and the report go to --out.
 """
@@ -37,7 +42,12 @@ BOOK = Path(__file__).resolve().parents[2] / "book"
 DEFAULT_OUT = Path("_build/bookrun")
 VERDICT = re.compile(r"(?<![\w])(PASS|FAIL)\s*$")  # checks.verdict's last word
 CLAIM = re.compile(r":\s*(True|False)\s*$")  # "identical on every rank: True"
-START = re.compile(r"(cluster\.start\(\s*)(\d+)")  # cluster.start(4 ... )
+# The rank counts a code cell writes: cluster.start(4), spawn(fn, 2), --nproc-per-node 4
+RANK_COUNT = re.compile(
+    r"cluster\.start\(\s*(\d+)"
+    r"|\bspawn\(\s*[\w.]+\s*,\s*(\d+)"
+    r"|nproc[-_]per[-_]node\W{1,3}(\d+)"
+)
 
 
 @dataclass
@@ -45,8 +55,8 @@ class Chapter:
     """One notebook's plan and result."""
 
     path: Path
-    written_ranks: int  # the largest cluster.start(N) in the notebook (0: none)
-    ranks: int  # the count it runs on here
+    needs: int  # the fewest ranks (GPUs, on NCCL) it is written for; 0: none
+    runs: bool  # False: it needs more GPUs than this box has, and is not run
     seconds: float = 0.0
     passed: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
@@ -59,6 +69,12 @@ class Chapter:
     @property
     def ok(self) -> bool:
         return self.error is None and not self.failed
+
+    @property
+    def result(self) -> str:
+        if not self.runs:
+            return f"needs {self.needs} GPUs: not run"
+        return "ok" if self.ok else "FAILED"
 
 
 def _lines(nb: nbformat.NotebookNode) -> list[str]:
@@ -96,32 +112,40 @@ def expected_negatives(nb: nbformat.NotebookNode) -> frozenset[str]:
 
 
 def written_ranks(nb: nbformat.NotebookNode) -> int:
-    """The most ranks any `cluster.start(N)` of the notebook asks for (0: none)."""
+    """The most ranks any code cell of the notebook writes as a number (0: none)."""
     counts = [
-        int(m[2])
+        int(next(n for n in m.groups() if n))
         for cell in nb.cells
         if cell.cell_type == "code"
-        for m in START.finditer(cell.source)
+        for m in RANK_COUNT.finditer(cell.source)
     ]
     return max(counts, default=0)
 
 
-def set_ranks(nb: nbformat.NotebookNode, most: int) -> None:
-    """Cap every `cluster.start(N)` of the (copied) notebook at `most` ranks."""
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.source = START.sub(
-                lambda m: f"{m[1]}{min(int(m[2]), most)}", cell.source
-            )
+def needed_ranks(nb: nbformat.NotebookNode, name: str = "notebook") -> int:
+    """The fewest ranks the chapter is written for: its metadata's `min_ranks`, or
+    else the most ranks a code cell writes. A `min_ranks` below a count written in a
+    cell would run that cell short: refused, naming the chapter."""
+    declared = nb.metadata.get("distcourse", {}).get("min_ranks")
+    written = written_ranks(nb)
+    if declared is None:
+        return written
+    if not isinstance(declared, int) or isinstance(declared, bool) or declared < 0:
+        raise ValueError(f"{name}: min_ranks must be a count, got {declared!r}")
+    if declared < written:
+        raise ValueError(
+            f"{name}: metadata says min_ranks={declared}, but a cell starts "
+            f"{written} ranks; write that count as min(...) of the ranks at hand"
+        )
+    return declared
 
 
 def plan(paths: list[Path], device: str, gpus: int) -> list[Chapter]:
-    """The rank count of each chapter: as written, or one per GPU where short."""
+    """Which chapters run: all on the CPU (gloo), those that fit the GPUs on cuda."""
     chapters = []
     for path in paths:
-        n = written_ranks(nbformat.read(path, as_version=4))
-        ranks = min(n, gpus) if device == "cuda" else n
-        chapters.append(Chapter(path, n, ranks))
+        needs = needed_ranks(nbformat.read(path, as_version=4), path.stem)
+        chapters.append(Chapter(path, needs, device == "cpu" or needs <= gpus))
     return chapters
 
 
@@ -135,8 +159,6 @@ def execute(chapter: Chapter, out: Path, timeout: float) -> nbformat.NotebookNod
 
     nb = nbformat.read(chapter.path, as_version=4)
     expected = expected_negatives(nb)
-    if chapter.ranks != chapter.written_ranks:
-        set_ranks(nb, chapter.ranks)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3")
     start = time.perf_counter()
     try:
@@ -168,33 +190,41 @@ def machine(device: str, gpus: int) -> str:
 
 
 def report(chapters: list[Chapter], where: str) -> str:
-    """The short report: chapters run, verdicts, time per chapter, the machine."""
-    lines = [f"Book run on {where}", ""]
-    head = f"{'chapter':<24} {'ranks':>5} {'time':>8} {'passed':>6} {'failed':>6}"
-    lines.append(f"{head}  result")
+    """The short report: each chapter run or not, its verdicts and time; the machine."""
+    head = f"{'chapter':<24} {'needs':>5} {'time':>8} {'passed':>6} {'failed':>6}"
+    lines = [
+        f"Book run on {where}",
+        "needs: the fewest ranks a chapter is written for (on NCCL, a GPU each)",
+        "",
+        f"{head}  result",
+    ]
     for c in chapters:
-        ranks = f"{c.ranks}" + ("*" if c.ranks != c.written_ranks else "")
+        ran = (f"{c.seconds:>7.1f}s", str(len(c.passed)), str(len(c.failed)))
+        secs, passed, failed = ran if c.runs else ("-", "-", "-")
         lines.append(
-            f"{c.name:<24} {ranks:>5} {c.seconds:>7.1f}s {len(c.passed):>6} "
-            f"{len(c.failed):>6}  {'ok' if c.ok else 'FAILED'}"
+            f"{c.name:<24} {c.needs:>5} {secs:>8} {passed:>6} {failed:>6}  {c.result}"
         )
-    short = [c for c in chapters if c.ranks != c.written_ranks]
-    if short:
-        names = ", ".join(f"{c.name} ({c.written_ranks})" for c in short)
-        lines += ["", f"* more ranks than GPUs, run one per GPU: {names}"]
     for c in chapters:
         lines += [f"{c.name}: cell error: {c.error}"] if c.error else []
         lines += [f"{c.name}: {line}" for line in c.failed]
-    passed, failed = (sum(len(c.passed) for c in chapters),
-                      sum(len(c.failed) for c in chapters))  # fmt: skip
+    ran = [c for c in chapters if c.runs]
+    passed = sum(len(c.passed) for c in ran)
+    failed = sum(len(c.failed) for c in ran)
+    skipped = len(chapters) - len(ran)
+    counts = f"chapters: {len(ran)} run, {skipped} not run (need more GPUs)"
     verdict = "PASS" if succeeded(chapters) else "FAIL"
-    lines += ["", f"verdicts: {passed} passed, {failed} failed; {verdict}"]
+    lines += ["", counts, f"verdicts: {passed} passed, {failed} failed; {verdict}"]
     return "\n".join(lines)
 
 
 def succeeded(chapters: list[Chapter]) -> bool:
-    """No cell error, no failed verdict, and at least one verdict seen at all."""
-    return all(c.ok for c in chapters) and any(c.passed for c in chapters)
+    """Every chapter that ran is ok, and they printed at least one verdict.
+
+    A chapter not run (it needs more GPUs than the box has) fails nothing; but a run
+    in which nothing ran, or nothing was checked, is no pass.
+    """
+    ran = [c for c in chapters if c.runs]
+    return all(c.ok for c in ran) and any(c.passed for c in ran)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,11 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     chapters = plan(args.notebooks or sorted(BOOK.glob("*.ipynb")), device, gpus)
     for c in chapters:
-        if c.ranks != c.written_ranks:
-            print(f"{c.name} needs {c.written_ranks} GPUs, this box has {gpus}: "
-                  f"running it on {c.ranks}, one rank per GPU", flush=True)  # fmt: skip
-    for c in chapters:
-        print(f"running {c.name} on {c.ranks} {device} ranks ...", flush=True)
+        if not c.runs:
+            print(f"{c.name} needs {c.needs} GPUs, this box has {gpus}: not run")
+            continue
+        print(f"running {c.name} on {device} ranks ...", flush=True)
         execute(c, args.out, args.timeout)
     text = report(chapters, machine(device, gpus))
     args.out.mkdir(parents=True, exist_ok=True)

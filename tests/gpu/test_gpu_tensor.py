@@ -1,0 +1,64 @@
+"""Tensor parallelism on the suite's device: the column and row parallel linears and
+the MLP block (with and without sequence parallelism), split over every world size the
+box allows, equal one process on the same device: the output, the input's gradient
+and every parameter's gradient (parallel.tensor.differences, relative to the values)."""
+
+from __future__ import annotations
+
+import torch
+from gpu_suite import TOL, run
+from torch import nn
+
+from distcourse import runtime
+from distcourse.examples.gpt import MLP
+from distcourse.parallel.tensor import (
+    ColumnParallelLinear,
+    ParallelMLP,
+    RowParallelLinear,
+    differences,
+)
+
+B, T, H = 2, 8, 16  # T divides into 1, 2 or 4 sequence-parallel pieces
+
+
+def _against_one_process() -> dict[str, float]:
+    device = runtime.device()
+    torch.manual_seed(0)  # the same modules and input on every rank
+    pair = nn.Sequential(nn.Linear(H, 24), nn.GELU(), nn.Linear(24, 8))
+    column, row = pair[0], pair[2]
+    mlp = MLP(H)
+    cases = {  # name: (one process, its parallel twin, sequence parallel)
+        "column, row": (
+            pair,
+            nn.Sequential(
+                ColumnParallelLinear.from_linear(column),
+                nn.GELU(),
+                RowParallelLinear.from_linear(row),
+            ),
+            False,
+        ),
+        "column gathered": (
+            nn.Sequential(column),
+            nn.Sequential(ColumnParallelLinear.from_linear(column, gather_output=True)),
+            False,
+        ),
+        "mlp": (mlp, ParallelMLP.from_module(mlp), False),
+        "mlp sequence-parallel": (
+            mlp,
+            ParallelMLP.from_module(mlp, sequence_parallel=True),
+            True,
+        ),
+    }
+    x = torch.randn(B, T, H).to(device)
+    found = {}
+    for name, (module, twin, sp) in cases.items():
+        module, twin = module.to(device), twin.to(device)
+        assert all(p.device == device for p in twin.parameters())
+        got = differences(module, twin, x, sequence_parallel=sp)
+        found.update({f"{name}: {k}": v for k, v in got.items()})
+    return found
+
+
+def test_tensor_parallel_layers_and_mlp_equal_one_process(world: int) -> None:
+    for rank, found in enumerate(run(_against_one_process, world)):
+        assert len(found) >= 18 and max(found.values()) <= TOL, (rank, found)
