@@ -18,7 +18,8 @@ TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 NB_TIMEOUT ?= 180
 export IPYTHONDIR ?= $(CURDIR)/.ipython
 
-.PHONY: venv lock book test lint unit notebooks browser execute check clean test-gpu
+.PHONY: venv lock book test lint unit notebooks browser execute check clean test-gpu \
+	test-compat
 
 venv: $(VENV)/.installed
 
@@ -84,6 +85,32 @@ browser: book
 	$(PY) -m pytest tests/test_book_browser.py
 
 test: lint unit notebooks browser
+
+# The oldest torch the package supports (pyproject.toml: torch>=2.11,<2.15), tested:
+# a second venv with it and every other package at the lock's versions, then the unit
+# tests (the stored notebooks are compared under the lock only; DISTCOURSE_LOCK tells
+# tests/test_envcheck.py which pins this venv was made from). The lock's lines that
+# torch itself pins exactly are dropped from its constraints: torch, torchvision, their
+# CUDA libraries (nvidia-*, cuda-*), triton, and setuptools (torch 2.11 wants <82).
+COMPAT_VENV ?= .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_TORCH_SPEC ?= torch==2.11.0 torchvision==0.26.0
+COMPAT_LOCK := $(COMPAT_VENV)/constraints.txt
+
+$(COMPAT_VENV)/.installed: pyproject.toml $(LOCK)
+	test -x $(COMPAT_PY) || $(PYTHON) -m venv $(COMPAT_VENV)
+	grep -vE '^(torch|torchvision|triton|nvidia-.*|cuda-.*|setuptools)==' $(LOCK) \
+		>$(COMPAT_LOCK)
+	$(COMPAT_PY) -m pip install -q -c $(COMPAT_LOCK) --upgrade pip
+	$(COMPAT_PY) -m pip install -q -c $(COMPAT_LOCK) \
+		$(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --no-deps) $(COMPAT_TORCH_SPEC)
+	$(COMPAT_PY) -m pip install -q -c $(COMPAT_LOCK) $(COMPAT_TORCH_SPEC) \
+		-e ".[$(EXTRAS)]"
+	touch $@
+
+test-compat: $(COMPAT_VENV)/.installed
+	DISTCOURSE_LOCK=$(COMPAT_LOCK) $(COMPAT_PY) -m pytest tests \
+		--ignore=tests/test_book_browser.py
 
 # On a GPU box: re-execute every chapter on NCCL ranks (copies; nothing stored is
 # written) and check that every verdict it prints is a PASS; report in _build/bookrun.

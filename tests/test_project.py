@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 
 import yaml
+from helpers import torchrun
 
 from distcourse import envcheck
 
@@ -63,8 +64,7 @@ def test_self_check_reports_the_machine_and_runs_an_all_reduce() -> None:
 
 def test_quickstart_script_trains_under_torchrun() -> None:
     done = _run(
-        "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "book/scripts/quickstart_ddp.py", "--epochs", "2",
+        *torchrun(2), "book/scripts/quickstart_ddp.py", "--epochs", "2",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
