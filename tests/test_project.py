@@ -55,6 +55,8 @@ def test_self_check_reports_the_machine_and_runs_an_all_reduce() -> None:
     done = _run("-m", "distcourse", "check")
     assert done.returncode == 0, done.stderr
     assert f"torch      {__import__('torch').__version__}" in done.stdout
+    assert "\nsupported  torch>=2.11,<2.15 (tested: " in done.stdout
+    assert " is inside it\n" in done.stdout  # the torch running the tests
     for name in envcheck.KEY_PACKAGES:  # each key version beside the locked one
         assert f"\n  {name} " in done.stdout
     assert f"installed      {envcheck.LOCK_NAME}\n" in done.stdout
