@@ -19,7 +19,7 @@ NB_TIMEOUT ?= 180
 export IPYTHONDIR ?= $(CURDIR)/.ipython
 
 .PHONY: venv lock book test lint unit notebooks browser chromium execute check clean \
-	test-gpu test-gpu-suite test-gpu-book
+	test-gpu test-gpu-suite test-gpu-book test-compat
 
 venv: $(VENV)/.installed
 
@@ -92,13 +92,40 @@ browser: chromium book
 chromium:
 	@bash tools/need-chromium.sh
 
+# The oldest torch the package supports (pyproject.toml: torch>=2.11,<2.15), tested:
+# a second venv with it and every other package at the lock's versions, then the unit
+# tests (the stored notebooks are compared under the lock only; DISTCOURSE_LOCK tells
+# tests/test_envcheck.py which pins this venv was made from). The lock's lines that
+# torch itself pins exactly are dropped from its constraints: torch, torchvision, their
+# CUDA libraries (nvidia-*, cuda-*), triton, and setuptools (torch 2.11 wants <82).
+COMPAT_VENV ?= .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_TORCH_SPEC ?= torch==2.11.0 torchvision==0.26.0
+COMPAT_LOCK := $(COMPAT_VENV)/constraints.txt
+
+$(COMPAT_VENV)/.installed: pyproject.toml $(LOCK)
+	test -x $(COMPAT_PY) || $(PYTHON) -m venv $(COMPAT_VENV)
+	grep -vE '^(torch|torchvision|triton|nvidia-.*|cuda-.*|setuptools)==' $(LOCK) \
+		>$(COMPAT_LOCK)
+	$(COMPAT_PY) -m pip install -q -c $(COMPAT_LOCK) --upgrade pip
+	$(COMPAT_PY) -m pip install -q -c $(COMPAT_LOCK) \
+		$(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --no-deps) $(COMPAT_TORCH_SPEC)
+	$(COMPAT_PY) -m pip install -q -c $(COMPAT_LOCK) $(COMPAT_TORCH_SPEC) \
+		-e ".[$(EXTRAS)]"
+	touch $@
+
+test-compat: $(COMPAT_VENV)/.installed
+	DISTCOURSE_LOCK=$(COMPAT_LOCK) $(COMPAT_PY) -m pytest tests \
+		--ignore=tests/test_book_browser.py
+
 # `notebooks` also checks every verdict the chapters print (conftest.py): the CPU
 # side of `make test-gpu`, on the outputs nbval has just executed.
 test: chromium lint unit notebooks browser
 
 # On a GPU box, two checks; -k: the book runs even where the suite failed, and the
 # target fails if either did. `DISTCOURSE_DEVICE=cpu make test-gpu` is their dry run
-# on gloo ranks (CI runs it). pytest (make test) uses CPU ranks: see conftest.py.
+# on gloo ranks (CI runs the suite's; make test checks the book's verdicts on CPU).
+# pytest (make test) uses CPU ranks: see conftest.py.
 test-gpu: venv
 	$(MAKE) --no-print-directory -k test-gpu-suite test-gpu-book
 

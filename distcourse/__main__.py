@@ -1,8 +1,9 @@
 """`python -m distcourse [check]`: what this machine offers, then a 2-rank test.
 
-It also shows the versions that matter (torch, ipyparallel, jupyter-book, nbval) and
-whether they are the ones in requirements.lock, the ones the stored outputs were made
-with.
+It also says whether the installed torch is in the range the package supports and
+tests (`torchcompat.SUPPORTED`), and shows the versions that matter (torch,
+ipyparallel, jupyter-book, nbval) and whether they are the ones in requirements.lock,
+the ones the stored outputs were made with.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from distcourse import envcheck, runtime
+from distcourse import envcheck, runtime, torchcompat
 from distcourse.launch import spawn
 
 
@@ -34,6 +35,7 @@ def check(world_size: int = 2) -> int:
     gpus = runtime.gpu_count()
     print(f"python     {platform.python_version()} on {platform.machine()}")
     print(f"torch      {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")
+    print(torchcompat.support_report())
     print(f"backends   gloo={dist.is_gloo_available()} nccl={dist.is_nccl_available()}")
     print(f"GPUs       {gpus}" + "".join(
         f"\n  cuda:{i}  {torch.cuda.get_device_name(i)}" for i in range(gpus)

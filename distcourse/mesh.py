@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from distcourse.rendezvous import as_timedelta
 from distcourse.runtime import DEFAULT_TIMEOUT, require_initialized
+from distcourse.torchcompat import set_group_timeout
 
 MAX_LINE = 80  # describe() prints lines a book page can hold
 
@@ -59,7 +60,7 @@ class Mesh:
         for name in self._names:  # an axis spanning the world may reuse the default
             group = self._mesh.get_group(name)  # group: leave its timeout alone
             if group is not dist.group.WORLD:
-                dist.set_timeout(limit, group)
+                set_group_timeout(group, limit)
 
     # ------------------------------------------------------------ the grid ------
 

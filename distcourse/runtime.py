@@ -145,6 +145,7 @@ def init(
     """
     global _info
     check_rank(rank, world_size)
+    as_timedelta(timeout)  # a bad timeout is refused here, not after rank 0 listens
     if dist.is_initialized():
         raise RuntimeError(
             "a process group is already initialised in this process: "

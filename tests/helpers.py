@@ -6,7 +6,10 @@ the path, as tests/ is not a package).
 - `linear`: F.linear with the weight and bias as positional inputs, so that an op
   table can give each its own SBP;
 - `assert_refused`: every case of `checks.outcomes` raised, and the errors say what
-  a reader needs.
+  a reader needs;
+- `torchrun`: the arguments after `python` that start torchrun on this machine with
+  a free port of its own, never torchrun's default 29500, which two test runs at
+  once would share.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from distcourse.launch.script import free_port
+from distcourse.rendezvous import LOOPBACK
 
 
 def ints(shape: tuple[int, ...], seed: int) -> Tensor:
@@ -33,3 +39,12 @@ def assert_refused(lines: list[str], *words: str) -> None:
     assert "no error" not in text, text
     for w in words:
         assert w in text, (w, text)
+
+
+def torchrun(ranks: int) -> list[str]:
+    """`-m torch.distributed.run` for `ranks` processes on this machine, with its
+    rendezvous on a loopback port that nothing listens on now."""
+    return [
+        "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+        "--master-addr", LOOPBACK, "--master-port", str(free_port()),
+    ]  # fmt: skip

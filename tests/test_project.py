@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 
 import yaml
+from helpers import torchrun
 
 from distcourse import envcheck
 
@@ -54,6 +55,8 @@ def test_self_check_reports_the_machine_and_runs_an_all_reduce() -> None:
     done = _run("-m", "distcourse", "check")
     assert done.returncode == 0, done.stderr
     assert f"torch      {__import__('torch').__version__}" in done.stdout
+    assert "\nsupported  torch>=2.11,<2.15 (tested: " in done.stdout
+    assert " is inside it\n" in done.stdout  # the torch running the tests
     for name in envcheck.KEY_PACKAGES:  # each key version beside the locked one
         assert f"\n  {name} " in done.stdout
     assert f"installed      {envcheck.LOCK_NAME}\n" in done.stdout
@@ -63,8 +66,7 @@ def test_self_check_reports_the_machine_and_runs_an_all_reduce() -> None:
 
 def test_quickstart_script_trains_under_torchrun() -> None:
     done = _run(
-        "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "book/scripts/quickstart_ddp.py", "--epochs", "2",
+        *torchrun(2), "book/scripts/quickstart_ddp.py", "--epochs", "2",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

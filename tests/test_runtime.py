@@ -152,8 +152,11 @@ def test_a_port_in_use_is_a_clear_error() -> None:
     ],
 )
 def test_init_validates_before_any_network(kwargs: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        runtime.init(**kwargs)
+    with socket.socket() as busy:  # an init that listened first would say "in use"
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(ValueError, match=message):
+            runtime.init(**{"port": busy.getsockname()[1], **kwargs})
     assert not dist.is_initialized()
 
 

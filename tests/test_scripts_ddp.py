@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import torchrun
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -14,7 +16,7 @@ def _torchrun(impl: str) -> list[str]:
     """Run book/scripts/ddp_train.py on 2 ranks for 1 epoch; its stdout lines."""
     done = subprocess.run(
         [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            sys.executable, *torchrun(2),
             "book/scripts/ddp_train.py", "--impl", impl, "--epochs", "1",
         ],
         capture_output=True, text=True, timeout=120, cwd=ROOT,

@@ -8,13 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import torchrun
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_small_resnet_sweep_runs_on_two_ranks() -> None:
     done = subprocess.run(
         [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            sys.executable, *torchrun(2),
             "book/scripts/pipeline_resnet.py", "--small",
         ],
         capture_output=True, text=True, timeout=240, cwd=ROOT,
@@ -40,7 +42,7 @@ def test_small_resnet_sweep_runs_on_two_ranks() -> None:
 def test_small_resnet_sweep_as_json_for_the_notebook() -> None:
     done = subprocess.run(
         [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            sys.executable, *torchrun(2),
             "book/scripts/pipeline_resnet.py", "--small", "--json",
         ],
         capture_output=True, text=True, timeout=240, cwd=ROOT,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import torchrun
 
 from distcourse.examples.gpt import GPTConfig, TinyGPT, token_batches, train_lm
 
@@ -19,7 +20,7 @@ def _torchrun(*options: str) -> list[str]:
     """Run book/scripts/tp_train.py on 2 ranks; its stdout lines."""
     done = subprocess.run(
         [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            sys.executable, *torchrun(2),
             "book/scripts/tp_train.py", "--steps", "12", *options,
         ],
         capture_output=True, text=True, timeout=180, cwd=ROOT,

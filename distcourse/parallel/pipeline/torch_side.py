@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
-from distcourse import runtime
+from distcourse import runtime, torchcompat
 from distcourse.comm.agree import Group, members
 
 CLASSES = {  # name -> (torch's class name, placement)
@@ -67,6 +68,12 @@ class TorchPipeline:
             }[placement]
             raise ValueError(f"{name} runs {want}: {n} stages, {g.size} "
                              "ranks")  # fmt: skip
+        gloo = dist.get_backend(g.group) == "gloo"
+        if placement == "V" and gloo and not torchcompat.V_SCHEDULES_ON_GLOO:
+            raise NotImplementedError(
+                f"{name} on gloo needs torch 2.14 or newer: on torch "
+                f"{torchcompat.TORCH} its stages fail to connect (torchcompat)"
+            )
         dev = runtime.device()
         self.mine = stages_of(g.rank, g.size, n, placement)
         self.stages = [

@@ -48,7 +48,13 @@ def backward_input(
         for hook in hooks:
             hook.remove()
 
+    # W keeps the graph alive through its root: a custom autograd.Function's node is
+    # held only by the nodes after it (its Python object holds it weakly on torch
+    # 2.11), so without `root` it would be gone once the caller drops `out`
+    root = out.grad_fn
+
     def weight() -> None:
+        assert root is not None  # held until W has run
         for node, mine in groups.items():
             edges = [(GradientEdge(node, i), g) for i, g in enumerate(caught[node])
                      if g is not None]  # fmt: skip
