@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The GPU box check (issue 24): run on a machine with one or more NVIDIA GPUs, from the
+# repository root, on the torch that machine already has (2.11 or newer):
+#
+#   bash tools/gpu_check.sh                  # about a minute on one H200
+#   GPU_CHECK_UNIT=1 bash tools/gpu_check.sh # and the unit tests: 2 more minutes
+#
+# A box without network: put the pure-Python packages it lacks (ipyparallel, nbclient,
+# ... ; `bash tools/gpu_wheels.sh` downloads them on a machine with network) in .whl/ and
+# they are installed into a private folder first. Nothing is written to the book.
+# Steps, each reported PASS or FAIL with its time in one summary at the end (logs and
+# the book run's report under $OUT, default _build/gpu_check):
+#   check     python -m distcourse check (versions, GPUs, a 2-rank all_reduce)
+#   device    python -m distcourse.devicecheck (no CPU-only tensor meets a collective)
+#   gpu-suite pytest tests/gpu: every strategy on the GPU against one process
+#   book      make test-gpu: every chapter that fits the GPUs here, on NCCL ranks
+#   unit      (GPU_CHECK_UNIT=1 only) the CPU unit tests on this torch, 8 at a time
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+OUT=${OUT:-_build/gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    site=$(mktemp -d)
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --target "$site" .whl/*.whl || { echo "installing .whl/ failed"; exit 2; }
+    export PYTHONPATH="$PYTHONPATH:$site"
+fi
+export IPYTHONDIR="$(mktemp -d)"
+
+declare -a names results
+step() {  # step NAME COMMAND...: run it, log it, remember PASS/FAIL and the time
+    local name=$1; shift
+    local start=$SECONDS
+    echo "=== $name: $*"
+    if "$@" 2>&1 | tee "$OUT/$name.log"; then
+        results+=("PASS $((SECONDS - start))s")
+    else
+        results+=("FAIL $((SECONDS - start))s")
+    fi
+    names+=("$name")
+}
+
+"$PYTHON" - <<'PY'
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda,
+      "gpus", torch.cuda.device_count(),
+      [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
+PY
+step check "$PYTHON" -m distcourse check
+step device "$PYTHON" -m distcourse.devicecheck
+# as `make test-gpu` (make test-gpu-suite, make test-gpu-book), without needing make
+step gpu-suite env DISTCOURSE_GPU_SUITE_DEVICE=cuda "$PYTHON" -m pytest tests/gpu -rs \
+    -p no:cacheprovider
+step book env DISTCOURSE_DEVICE=cuda "$PYTHON" -m distcourse.launch.bookrun \
+    --out "$OUT/bookrun" --timeout 180
+# The CPU unit tests on the box's own torch, 8 at a time (pytest-xdist), capped at 5
+# minutes. Left out: the browser test, the GPU suite (above), and what checks that the
+# environment is the locked one (envcheck, import-linter's command): a GPU image is not.
+if [ "${GPU_CHECK_UNIT:-0}" = 1 ]; then
+    step unit timeout 300 "$PYTHON" -m pytest tests -q -p no:cacheprovider -n 8 \
+        --ignore=tests/test_book_browser.py --ignore=tests/gpu \
+        --ignore=tests/test_envcheck.py \
+        --deselect tests/test_architecture.py::test_import_linter_contracts_hold
+fi
+
+echo
+echo "GPU check summary ($(date -u +%Y-%m-%dT%H:%MZ)):"
+status=0
+for i in "${!names[@]}"; do
+    printf '  %-10s %s\n' "${names[$i]}" "${results[$i]}"
+    case ${results[$i]} in FAIL*) status=1 ;; esac
+done
+[ -f "$OUT/bookrun/report.txt" ] && sed 's/^/  /' "$OUT/bookrun/report.txt"
+exit $status
