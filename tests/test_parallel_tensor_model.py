@@ -58,7 +58,6 @@ def test_tiny_gpt_trains_to_one_process_losses(world_size: int, sp: bool) -> Non
         assert diff <= PARAM_TOL, diff
 
 
-
 def _devices(sp: bool) -> list[str]:
     """Devices of a split copy of a TinyGPT built on "meta": where its parts land."""
     with torch.device("meta"):
