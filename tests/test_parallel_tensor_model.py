@@ -58,6 +58,23 @@ def test_tiny_gpt_trains_to_one_process_losses(world_size: int, sp: bool) -> Non
         assert diff <= PARAM_TOL, diff
 
 
+def _devices(sp: bool) -> list[str]:
+    """Devices of a split copy of a TinyGPT built on "meta": where its parts land."""
+    with torch.device("meta"):
+        model = TinyGPT(CFG)
+    twin = parallelize_gpt(model, sequence_parallel=sp, check=False)
+    return sorted({t.device.type for t in (*twin.parameters(), *twin.buffers())})
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
+def test_split_layers_stay_on_the_models_device(sp: bool) -> None:
+    # a GPU rank hands over a model on cuda:r; no split layer may fall back to the
+    # host (its collectives would then get CPU tensors: NCCL refuses them). "meta"
+    # stands in for the GPU here: any layer built on the host shows up as "cpu"
+    for found in spawn(_devices, 2, sp, timeout=30):
+        assert found == ["meta"], found
+
+
 def _save(path: str) -> list[float]:
     """Train a split model for 3 steps, save it; return its logits of a probe batch."""
     torch.manual_seed(0)

@@ -118,7 +118,8 @@ def conversion_cost(
         (dx,) = torch.autograd.grad(y, x, dy)
     whole = rebox(dx, tuple(Broadcast() for _ in range(pl.ndim)))
     want = dual(src_sig) if grad_sbp is None else signature(grad_sbp, pl.ndim, nd, "g")
-    ok = dx.sbp == want and torch.equal(whole.local_tensor, _values(shape, 1))
+    got = whole.local_tensor  # on the placement's device; _values is on the host
+    ok = dx.sbp == want and torch.equal(got, _values(shape, 1).to(got.device))
     return Cost(
         describe(src_sig), describe(dst_sig), describe(come), describe(dx.sbp),
         collectives(flog), collectives(blog), fl.bytes_sent(), bl.bytes_sent(), ok,

@@ -122,7 +122,8 @@ class SequenceParallelLayerNorm(nn.LayerNorm):
 
     def __init__(self, norm: nn.LayerNorm, group: Group = None) -> None:
         super().__init__(norm.normalized_shape, norm.eps, norm.elementwise_affine,
-                         norm.bias is not None, dtype=norm.weight.dtype)  # fmt: skip
+                         norm.bias is not None, dtype=norm.weight.dtype,
+                         device=norm.weight.device)  # fmt: skip
         self.load_state_dict(norm.state_dict())
         self.group = members(group, "SequenceParallelLayerNorm").group
 
@@ -139,7 +140,9 @@ class SequenceParallelPositions(nn.Embedding):
 
     def __init__(self, embedding: nn.Embedding, group: Group = None) -> None:
         n, dim = embedding.weight.shape
-        super().__init__(n, dim, dtype=embedding.weight.dtype)
+        super().__init__(
+            n, dim, dtype=embedding.weight.dtype, device=embedding.weight.device
+        )
         self.load_state_dict(embedding.state_dict())
         self.tp = members(group, "SequenceParallelPositions")
 

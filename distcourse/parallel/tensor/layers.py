@@ -27,6 +27,7 @@ from typing import Self
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.types import Device
 
 from distcourse.comm.agree import Group, Members, agree, members
 from distcourse.comm.autograd import (
@@ -80,10 +81,11 @@ class ShardedLinear(nn.Module):
     def from_linear(
         cls, linear: nn.Linear, group: Group = None, **options: object
     ) -> Self:
-        """This rank's slice of `linear` (which is left unchanged)."""
+        """This rank's slice of `linear` (which is left unchanged), on its device."""
         out, inp = linear.weight.shape
-        layer = cls(inp, out, linear.bias is not None, group=group,
-                    dtype=linear.weight.dtype, **options)  # fmt: skip
+        w = linear.weight
+        layer = cls(inp, out, linear.bias is not None, group=group, dtype=w.dtype,
+                    device=w.device, **options)  # fmt: skip
         layer.load_full_state_dict(linear.state_dict())
         return layer
 
@@ -103,8 +105,9 @@ class ShardedLinear(nn.Module):
     def to_linear(self) -> nn.Linear:
         """The whole layer as one nn.Linear (a collective: every rank calls it)."""
         state = self.full_state_dict()
+        w = self.weight
         linear = nn.Linear(self.in_features, self.out_features, self.bias is not None,
-                           dtype=self.weight.dtype)  # fmt: skip
+                           dtype=w.dtype, device=w.device)  # fmt: skip
         linear.load_state_dict(state)
         return linear
 
@@ -121,7 +124,7 @@ class ColumnParallelLinear(ShardedLinear):
         self, in_features: int, out_features: int, bias: bool = True, *,
         group: Group = None, gather_output: bool = False,
         sequence_parallel: bool = False, seq_dim: int = 1, check: bool = True,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | None = None, device: Device = None,
     ) -> None:  # fmt: skip
         super().__init__()
         self.tp = members(group, "ColumnParallelLinear")
@@ -129,8 +132,9 @@ class ColumnParallelLinear(ShardedLinear):
         self.in_features, self.out_features = in_features, out_features
         self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
         self.seq_dim, self.check = seq_dim, check
-        self.weight = nn.Parameter(torch.empty(local, in_features, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(local, dtype=dtype)) if bias else None
+        made = dict(dtype=dtype, device=device)  # nn.Linear's factory arguments
+        self.weight = nn.Parameter(torch.empty(local, in_features, **made))
+        self.bias = nn.Parameter(torch.empty(local, **made)) if bias else None
         _init(self.weight, self.bias, in_features)
 
     def enter(self, x: Tensor) -> Tensor:
@@ -206,7 +210,7 @@ class RowParallelLinear(ShardedLinear):
         self, in_features: int, out_features: int, bias: bool = True, *,
         group: Group = None, input_is_parallel: bool = True,
         sequence_parallel: bool = False, seq_dim: int = 1, check: bool = True,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | None = None, device: Device = None,
     ) -> None:  # fmt: skip
         super().__init__()
         self.tp = members(group, "RowParallelLinear")
@@ -215,8 +219,9 @@ class RowParallelLinear(ShardedLinear):
         self.input_is_parallel = input_is_parallel
         self.sequence_parallel = sequence_parallel
         self.seq_dim, self.check = seq_dim, check
-        self.weight = nn.Parameter(torch.empty(out_features, local, dtype=dtype))
-        full = torch.empty(out_features, dtype=dtype)  # added once, after the sum
+        made = dict(dtype=dtype, device=device)  # nn.Linear's factory arguments
+        self.weight = nn.Parameter(torch.empty(out_features, local, **made))
+        full = torch.empty(out_features, **made)  # added once, after the sum
         self.bias = nn.Parameter(full) if bias else None
         _init(self.weight, self.bias, in_features)
 

@@ -145,8 +145,12 @@ def save_checkpoint(
 
 
 def load_checkpoint(model: nn.Module, path: str | os.PathLike) -> None:
-    """Load a checkpoint saved by save_checkpoint (from any number of ranks)."""
-    load_full_state_dict(model, torch.load(path, weights_only=True))
+    """Load a checkpoint saved by save_checkpoint (from any number of ranks).
+
+    The file is read on the host (it may hold tensors of rank 0's GPU): each layer
+    copies only its slice to the device its parameters are on."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    load_full_state_dict(model, state)
 
 
 def _owners(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.types import Device
 
 from distcourse.comm.agree import Group, Members, agree, members
 from distcourse.comm.autograd import (
@@ -54,7 +55,7 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(
         self, num_embeddings: int, embedding_dim: int, *, group: Group = None,
         sequence_parallel: bool = False, seq_dim: int = 1, check: bool = True,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | None = None, device: Device = None,
     ) -> None:  # fmt: skip
         super().__init__()
         self.tp = members(group, "VocabParallelEmbedding")
@@ -63,15 +64,18 @@ class VocabParallelEmbedding(nn.Module):
         self.start = self.tp.rank * local  # first token this rank owns
         self.sequence_parallel = sequence_parallel
         self.seq_dim, self.check = seq_dim, check
-        self.weight = nn.Parameter(torch.randn(local, embedding_dim, dtype=dtype))
+        self.weight = nn.Parameter(
+            torch.randn(local, embedding_dim, dtype=dtype, device=device)
+        )
 
     @classmethod
     def from_embedding(
         cls, embedding: nn.Embedding, group: Group = None, **options: object
     ) -> VocabParallelEmbedding:
-        """This rank's rows of `embedding`; the embedding itself is unchanged."""
-        vocab, dim = embedding.weight.shape
-        layer = cls(vocab, dim, group=group, dtype=embedding.weight.dtype, **options)
+        """This rank's rows of `embedding`, on its device; the embedding itself is
+        unchanged."""
+        w = embedding.weight
+        layer = cls(*w.shape, group=group, dtype=w.dtype, device=w.device, **options)
         layer.load_full_state_dict(embedding.state_dict())
         return layer
 
@@ -105,7 +109,8 @@ class VocabParallelEmbedding(nn.Module):
     def to_embedding(self) -> nn.Embedding:
         """The whole table as one nn.Embedding (a collective: every rank calls it)."""
         embedding = nn.Embedding(self.num_embeddings, self.embedding_dim,
-                                 dtype=self.weight.dtype)  # fmt: skip
+                                 dtype=self.weight.dtype,
+                                 device=self.weight.device)  # fmt: skip
         embedding.load_state_dict(self.full_state_dict())
         return embedding
 
