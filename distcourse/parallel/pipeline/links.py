@@ -126,9 +126,10 @@ class Links:
             return
         x = x.detach().contiguous()
         if x.numel():
-            self.sending.append((dist.isend(x, link[2], group=self.groups[link]), x))
+            work = dist.isend(x, link[2], group=self.groups[link])
+            self.sending.append((work, x, link))
         while self.sending and self.sending[0][0].is_completed():
-            self.sending.pop(0)[0].wait()  # done: free it, raise a failure
+            _finish(*self.sending.pop(0))  # done: free it, raise a failure
 
     def recv(self, link: Link, expect: Shape) -> Tensor:
         """Wait for the next tensor on `link`; ValueError unless it is `expect`."""
@@ -158,8 +159,8 @@ class Links:
             q.join()
         self.raise_errors()
         sending, self.sending = self.sending, []
-        for work, _ in sending:
-            work.wait()
+        for item in sending:
+            _finish(*item)
         left = [k for k in self.posted if self.posted[k] or self.todo[k]]
         if left:
             raise RuntimeError(f"receives left over on links {left}")
@@ -189,6 +190,15 @@ class Links:
             finally:
                 q.task_done()
         q.task_done()
+
+
+def _finish(work: dist.Work, x: Tensor, link: Link) -> None:
+    """Wait for a send; a failure names the rank it was for (e.g. one that left)."""
+    try:
+        work.wait()
+    except Exception as err:
+        what = "an activation" if link[0] == "F" else "a gradient"
+        raise RuntimeError(f"sending {what} to rank {link[2]}: {err}") from err
 
 
 def _once(transfers: list[tuple[int, Shape]]) -> list[tuple[int, Shape]]:
