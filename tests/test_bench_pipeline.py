@@ -35,6 +35,7 @@ def test_quick_json_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["ratio"] > 0 and report["ours_ms"] > 0 and report["torch_ms"] > 0
     low, high = report["ratio_quartiles"]  # the rounds' spread around the median
     assert report["zb_ratio"] > 0 and report["torch_zb_ms"] > 0
+    assert report["plain_ratio"] > 0 and report["plain_ms"] > 0  # the plain runner
     assert low <= report["ratio"] <= high
     assert len(report["load"]) == 3
     rows = report["schedules"]  # our three schedules, timed in the same rounds

@@ -20,7 +20,10 @@ Three measurements, each a median over steps of the slowest rank's time:
   formula ((p - 1) / (m + p - 1); ZB-H1's (p - 1) / (3m + p - 1) holds for equal F,
   B and W times, as with --sleep) and step time; zb_ratio is our ZB-H1 over torch's
   ScheduleInterleavedZeroBubble on the same 4 stages (one per rank), which torch
-  runs as its zero-bubble schedule for that case.
+  runs as its zero-bubble schedule for that case;
+- plain_ratio: in the same rounds, the plain runner (pipeline/plain.py: blocking
+  receives, shapes found on every rank each step) over our 1F1B: what the fast
+  path's posted receives, shapes agreed once and overlapped batch check buy.
 
 Stages are Linear+ReLU blocks; with --sleep each block instead sleeps (forward t per
 sample, backward 2t: t for the input's gradient, t for the weight's, so ZB-H1's B
@@ -46,6 +49,7 @@ from torch import Tensor, nn
 from distcourse.bench import common
 from distcourse.launch import spawn
 from distcourse.parallel import pipeline as pp
+from distcourse.parallel.pipeline.plain import PlainPipeline
 from distcourse.parallel.pipeline.torch_side import TorchPipeline
 
 
@@ -168,8 +172,11 @@ def _four_ranks(cfg: Config) -> dict:
             pipe.step(x, y)
             steps[self.name].append([(e.name, e.start, e.end) for e in pipe.events])
 
+    plain = PlainPipeline(
+        pp.split_by_count(_model(cfg), 4), pp.one_f_one_b(4, cfg.m4), F.mse_loss
+    )
     runners = [Recorder("1F1B"), theirs, Recorder("GPipe"), Recorder("ZB-H1"),
-               Recorder("1F1B once"), theirs_zb]  # fmt: skip
+               Recorder("1F1B once"), theirs_zb, plain]  # fmt: skip
     times = _timed(runners, cfg, cfg.steps4)
     for pipe in ours.values():
         pipe.close()
@@ -196,12 +203,14 @@ def run(cfg: Config) -> dict:
     best = max(range(1, len(ms)), key=lambda i: speedups[i])
     m = ms[best]
     four = spawn(_four_ranks, 4, cfg, timeout=60, deadline=600)[0]
-    t4 = torch.tensor(four["times"])  # 1F1B, torch's, GPipe, ZB-H1, 1F1B once, ZB's
+    t4 = torch.tensor(four["times"])  # 1F1B, torch's, GPipe, ZB-H1, 1F1B once,
+    # torch's ZB, plain 1F1B
     ratios = (t4[0] / t4[1]).sort().values  # each round's own ratio
     ratio = _median(ratios.tolist())
     quartiles = [ratios[len(ratios) // 4].item(), ratios[3 * len(ratios) // 4].item()]
     once_ratio = _median((t4[4] / t4[1]).tolist())
     zb_ratio = _median((t4[3] / t4[5]).tolist())
+    plain_ratio = _median((t4[6] / t4[0]).tolist())
     measured = _median(four["bubbles"]["1F1B"])
     formula = pp.bubble_formula(4, cfg.m4)
     formulas = {"1F1B": formula, "GPipe": formula, "ZB-H1": pp.zb_h1_bubble(4, cfg.m4)}
@@ -223,6 +232,8 @@ def run(cfg: Config) -> dict:
         torch_zb_ms=round(1000 * _median(t4[5].tolist()), 3),
         ours_ms=round(1000 * _median(t4[0].tolist()), 3),
         torch_ms=round(1000 * _median(t4[1].tolist()), 3),
+        plain_ratio=round(plain_ratio, 3),
+        plain_ms=round(1000 * _median(t4[6].tolist()), 3),
         schedules=schedules,
         load=[round(v, 2) for v in os.getloadavg()], cpus=os.cpu_count(),
         config=asdict(cfg), table=table,
@@ -258,4 +269,6 @@ def main(argv: list[str]) -> int:
           for name, row in r["schedules"].items()),
         f"ZB-H1 / torch's ScheduleInterleavedZeroBubble: {r['zb_ratio']:.3f} "
         f"(theirs {r['torch_zb_ms']:.1f} ms)",
+        f"plain runner / our 1F1B: {r['plain_ratio']:.3f} (plain "
+        f"{r['plain_ms']:.1f} ms)",
     ])  # fmt: skip
