@@ -58,7 +58,9 @@ class PlainPipeline:
         schedules.simulate(schedule)  # ValueError if its ranks would deadlock
         self.stages, self.schedule, self.loss_fn = list(stages), schedule, loss_fn
         self.group, me = group, dist.get_rank(group)
-        self.ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        self.peer = {s: ranks[schedule.rank_of(s)] for s in range(schedule.stages)}
+        self.shapes: dict[tuple, list[Shape]] = {}  # per batch shape: found once
         self.local = {s: stages[s] for s in range(me, schedule.stages, size)}
         self.actions = schedule.actions[me]
 
@@ -72,7 +74,10 @@ class PlainPipeline:
             raise ValueError(f"got {got}: it must split into {m} equal micro-batches")
         if last in self.local and (target is None or len(target) != len(x)):
             raise ValueError(f"the last stage's rank needs a target of {len(x)} rows")
-        shapes = stage_shapes(self.stages, (len(x) // m, *x.shape[1:]), x.dtype)
+        key = ((len(x) // m, *x.shape[1:]), x.dtype)
+        if key not in self.shapes:  # each stage's input shape, then the output's
+            self.shapes[key] = stage_shapes(self.stages, *key)
+        shapes = self.shapes[key]
         xs, ys = x.chunk(m), None if target is None else target.chunk(m)
         held: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # (s, j): in, out
         sends: list[tuple[dist.Work, Tensor]] = []
@@ -102,17 +107,13 @@ class PlainPipeline:
             work.wait()
         return torch.stack(losses).sum() if losses else None
 
-    def peer(self, stage: int) -> int:
-        """The global rank that holds `stage`."""
-        return self.ranks[self.schedule.rank_of(stage)]
-
     def recv(self, shape: Shape, stage: int, tag: int) -> Tensor:
         """Block until `stage` sends this step's next tensor of `shape` and `tag`."""
         buffer = torch.empty(shape[0], dtype=shape[1], device=runtime.device())
-        dist.recv(buffer, self.peer(stage), group=self.group, tag=tag)
+        dist.recv(buffer, self.peer[stage], group=self.group, tag=tag)
         return buffer
 
     def send(self, x: Tensor, stage: int, tag: int) -> tuple[dist.Work, Tensor]:
         """Start sending x to `stage`; the tensor is kept until the send is waited."""
         x = x.detach().contiguous()
-        return dist.isend(x, self.peer(stage), group=self.group, tag=tag), x
+        return dist.isend(x, self.peer[stage], group=self.group, tag=tag), x
