@@ -57,7 +57,7 @@ _FUNCTIONAL: dict[str, int | None] = {
     "all_gather_into_tensor": 1, "all_gather_into_tensor_coalesced": 1,
     "reduce_scatter_tensor": 2, "reduce_scatter_tensor_coalesced": 2,
     "all_to_all_single": None, "broadcast": None,
-}  # fmt: skip
+}  # fmt: skip  # table
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,9 @@ class _FunctionalSpy(TorchDispatchMode):
             group = _functional_group(args)
             size = _group_size(args, _FUNCTIONAL[name], group)
             ranks = () if group is None else _ranks(group)
-            record = Record(f"functional.{name}", "collective", _nbytes(args[0]),
-                            None, size, ranks)  # fmt: skip
+            record = Record(
+                f"functional.{name}", "collective", _nbytes(args[0]), None, size, ranks
+            )
             self.records.append(record)
         return func(*args, **(kwargs or {}))
 
@@ -204,8 +205,14 @@ class Ledger:
             for p in p2p_op_list:
                 kind = "send" if _unwrap(p.op) is c10d.isend else "recv"
                 ranks = _ranks(p.group)
-                record = Record("batch_isend_irecv", kind, _nbytes(p.tensor), p.peer,
-                                len(ranks), ranks)  # fmt: skip
+                record = Record(
+                    "batch_isend_irecv",
+                    kind,
+                    _nbytes(p.tensor),
+                    p.peer,
+                    len(ranks),
+                    ranks,
+                )
                 self.records.append(record)
             return fn(p2p_op_list, *args, **kwargs)
 

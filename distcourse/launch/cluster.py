@@ -119,9 +119,14 @@ _current: Ranks | None = None
 
 
 def _engine_init(
-    rank: int, world_size: int, port: int, backend: str | None, timeout: float,
-    debug: bool, path: list[str],
-) -> dict[str, Any]:  # fmt: skip
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str | None,
+    timeout: float,
+    debug: bool,
+    path: list[str],
+) -> dict[str, Any]:
     """Runs on each engine: see the kernel's modules, join the group via its store."""
     sys.path.extend(p for p in path if p not in sys.path)
     store = rendezvous.make_store(
@@ -194,9 +199,13 @@ def start(
 
 
 def _connect(
-    cluster: ipp.Cluster, n: int, store: Any, backend: str | None, timeout: float,
+    cluster: ipp.Cluster,
+    n: int,
+    store: Any,
+    backend: str | None,
+    timeout: float,
     debug: bool,
-) -> tuple[ipp.Client, ipp.DirectView, list[dict], float]:  # fmt: skip
+) -> tuple[ipp.Client, ipp.DirectView, list[dict], float]:
     """Start the engines, wait for all n, join each to the group as rank = engine id."""
     cluster.start_cluster_sync()
     client = cluster.connect_client_sync()

@@ -59,10 +59,13 @@ def _child(
                 rank, world_size, LOOPBACK, port, options["timeout"], serve=False
             )
             init(
-                rank, world_size, store=store,
-                backend=options["backend"], timeout=options["timeout"],
+                rank,
+                world_size,
+                store=store,
+                backend=options["backend"],
+                timeout=options["timeout"],
                 debug=options["debug"],
-            )  # fmt: skip
+            )
         result = fn(*args, **kwargs)
         reply = ("ok", pickle.dumps(result))
     except BaseException as err:  # report everything, even SystemExit
@@ -113,9 +116,11 @@ def spawn(
             recv, send = ctx.Pipe(duplex=False)
             opts = dict(options, caller=os.getpid())
             proc = ctx.Process(
-                target=_child, args=(rank, world_size, payload, port, opts, send),
-                name=f"rank-{rank}", daemon=True,
-            )  # fmt: skip
+                target=_child,
+                args=(rank, world_size, payload, port, opts, send),
+                name=f"rank-{rank}",
+                daemon=True,
+            )
             proc.start()
             send.close()
             procs.append(proc)

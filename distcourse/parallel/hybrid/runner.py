@@ -53,10 +53,15 @@ class HybridGPT:
     """
 
     def __init__(
-        self, model: TinyGPT, mesh: Mesh, *, micro_batches: int = 1,
-        lr: float = 1e-2, timeout: float = runtime.DEFAULT_TIMEOUT,
+        self,
+        model: TinyGPT,
+        mesh: Mesh,
+        *,
+        micro_batches: int = 1,
+        lr: float = 1e-2,
+        timeout: float = runtime.DEFAULT_TIMEOUT,
         check: bool = True,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if mesh.names != AXES:
             raise ValueError(f"a hybrid mesh has axes {AXES}, got {mesh.names}")
         self.layout = Layout(*mesh.shape)
@@ -83,8 +88,14 @@ class HybridGPT:
         if pp > 1:
             schedule = one_f_one_b(pp, micro_batches)
             placed = [mine if s == self.stage else f for s, f in enumerate(full)]
-            self.pipe = Pipeline(placed, schedule, self.loss_fn, mesh.group("pp"),
-                                 timeout, shapes_from=full)  # fmt: skip
+            self.pipe = Pipeline(
+                placed,
+                schedule,
+                self.loss_fn,
+                mesh.group("pp"),
+                timeout,
+                shapes_from=full,
+            )
             self.meter = self.pipe.meter
         else:
             self.meter = ActivationMeter([mine])
@@ -171,8 +182,12 @@ class HybridGPT:
         """Bytes this rank holds after a step: parameters, gradients, AdamW's two
         states, and the activations kept for backward at the step's peak."""
         params = sum(p.numel() * p.element_size() for p in self.module.parameters())
-        return dict(params=params, grads=params, optimizer=2 * params,
-                    activations=self.meter.peak)  # fmt: skip
+        return dict(
+            params=params,
+            grads=params,
+            optimizer=2 * params,
+            activations=self.meter.peak,
+        )
 
     def close(self) -> None:
         """Stop the pipeline's sender threads."""
