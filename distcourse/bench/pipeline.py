@@ -25,11 +25,10 @@ Three measurements, each a median over steps of the slowest rank's time:
 Stages are Linear+ReLU blocks; with --sleep each block instead sleeps (forward t per
 sample, backward 2t: t for the input's gradient, t for the weight's, so ZB-H1's B
 and W each take t), so the numbers measure the schedules and our transfers, not how
-a loaded CPU shares its cores among ranks. The bench's parameters are those of the
-first measurement (t = 1 ms per sample at --sleep 0.001, m = 8 on 4 ranks): each
-1F1B transfer on the critical path costs about 0.6 ms on 2 loaded cores against
-stages of 32 ms forward, so the bubble's excess over the formula is mostly how long
-a loaded machine takes to wake a waiting rank.
+a loaded CPU shares its cores among ranks. The defaults (t = 1 ms per sample at
+--sleep 0.001, m = 8 on 4 ranks) make a stage's work large beside one transfer, so
+the bubble's excess over the formula shows mostly how long the machine takes to
+wake a waiting rank; the report prints the times this machine measured.
 """
 
 from __future__ import annotations
@@ -249,10 +248,10 @@ def run(cfg: Config) -> dict:
         dict(
             m=mm,
             step_ms=round(1000 * s, 3),
-            speedup=round(sp, 3),
+            speedup=round(speedup, 3),
             limit=round(2 * mm / (mm + 1), 3),
         )
-        for mm, s, sp in zip(ms, step, speedups, strict=True)
+        for mm, s, speedup in zip(ms, step, speedups, strict=True)
     ]
     return dict(
         benchmark="pipeline",

@@ -49,7 +49,8 @@ _P2P = {
 }
 
 
-# DTensor imports it; a first dispatch mode imports torch._dynamo (about 2 s)
+# DTensor imports it. A ledger watches functional collectives only where it is
+# loaded: entering a dispatch mode imports torch._dynamo, a heavy import
 _FUNCTIONAL_MODULE = "torch.distributed._functional_collectives"
 # functional collective: positional index of its group size (None: ask the group)
 _FUNCTIONAL: dict[str, int | None] = {
@@ -171,7 +172,7 @@ class Ledger:
         dist.batch_isend_irecv = self._wrap_batch(self._saved["batch_isend_irecv"])
         dist.P2POp = _P2POp
         if _FUNCTIONAL_MODULE in sys.modules:  # else no functional collective can run
-            self._spy = _FunctionalSpy(self.records)  # (entering one costs seconds)
+            self._spy = _FunctionalSpy(self.records)  # (entering one imports _dynamo)
             self._spy.__enter__()
         return self
 

@@ -165,8 +165,8 @@ class FromLocal(torch.autograd.Function):
         return GlobalTensor(x, pl, sig, shape)
 
     @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        return rebox(g, ctx.sig).local_tensor, None, None, None
+    def backward(ctx: Any, grad: Any) -> tuple:
+        return rebox(grad, ctx.sig).local_tensor, None, None, None
 
 
 def to_global(x: Any, placement: Placement, sbp: Any, *, grad_sbp: Any = None) -> Any:
@@ -197,8 +197,8 @@ def _module(module: nn.Module, placement: Placement, sbp: Any) -> nn.Module:
     for sub in module.modules():
         for name, p in list(sub.named_parameters(recurse=False)):
             with torch.no_grad():
-                g = to_global(p.detach(), placement, sbp)
-            new = nn.Parameter(g, requires_grad=p.requires_grad)
+                value = to_global(p.detach(), placement, sbp)
+            new = nn.Parameter(value, requires_grad=p.requires_grad)
             if p.requires_grad:
                 watch_grad(new)
             sub.register_parameter(name, new)

@@ -82,14 +82,14 @@ def fits(name: str, shape: tuple[int, ...], sig: Any, pl: Placement) -> Signatur
             f"({describe(sig)}): its value would be a sum of "
             "pieces that no rank holds"
         )
-    for d in {s.dim for s in sig if isinstance(s, Split)}:
+    for dim in {s.dim for s in sig if isinstance(s, Split)}:
         ways = math.prod(
-            n for s, n in zip(sig, pl.hierarchy, strict=True) if s == Split(d)
+            n for s, n in zip(sig, pl.hierarchy, strict=True) if s == Split(dim)
         )
-        if shape[d] % ways:
+        if shape[dim] % ways:
             raise ValueError(
-                f"{name}: {describe(sig)} splits dim {d} of shape {list(shape)} "
-                f"{ways} ways, but {shape[d]} is not divisible by {ways}"
+                f"{name}: {describe(sig)} splits dim {dim} of shape {list(shape)} "
+                f"{ways} ways, but {shape[dim]} is not divisible by {ways}"
             )
     return sig
 
@@ -144,8 +144,8 @@ def parallelize(
         owner, _, leaf = name.rpartition(".")
         sub = model.get_submodule(owner)
         with torch.no_grad():
-            g = to_global(p.detach(), placement, whole).to_global(sbp=sigs[name])
-        new = nn.Parameter(g, requires_grad=p.requires_grad)
+            value = to_global(p.detach(), placement, whole).to_global(sbp=sigs[name])
+        new = nn.Parameter(value, requires_grad=p.requires_grad)
         if p.requires_grad:
             watch_grad(new)
         sub.register_parameter(leaf, new)

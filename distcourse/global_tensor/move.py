@@ -168,13 +168,13 @@ class Move(torch.autograd.Function):
         return move(x, q, sig)
 
     @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        if not isinstance(g, GlobalTensor):
+    def backward(ctx: Any, grad: Any) -> tuple:
+        if not isinstance(grad, GlobalTensor):
             raise TypeError(
                 f"to_global backward: expected a global gradient, got "
-                f"{type(g).__name__}"
+                f"{type(grad).__name__}"
             )
-        return move(g, ctx.p, ctx.grad), None, None, None
+        return move(grad, ctx.p, ctx.grad), None, None, None
 
 
 def to_placement(

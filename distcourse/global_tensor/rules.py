@@ -269,8 +269,8 @@ def _transpose(call: Call) -> Decision:
 
 @register(aten.unsqueeze.default)
 def _unsqueeze(call: Call) -> Decision:
-    d = call.args[1] % (len(call.shape(0)) + 1)
-    return _moved(call, lambda i: i + (i >= d))
+    dim = call.args[1] % (len(call.shape(0)) + 1)
+    return _moved(call, lambda i: i + (i >= dim))
 
 
 def _resized(call: Call, where: Callable[[int], int | None]) -> Decision:

@@ -29,9 +29,10 @@ from ipyparallel.cluster.launcher import LocalControllerLauncher, MPIEngineSetLa
 from distcourse import rendezvous, runtime
 
 DEFAULT_RANKS = 4  # on a CPU machine; a GPU box defaults to one rank per GPU
-# Engines become visible on the controller's heartbeat; ipyparallel's default of 3 s
-# made "ready" take 5-6 s. 200 ms beats with 150 allowed misses keep the same 30 s
-# tolerance for an engine that stops answering.
+# Engines become visible on the controller's heartbeat, so its period bounds how
+# soon a cluster is ready; ipyparallel's default period (3 s) would hold up every
+# start. 200 ms beats with 150 allowed misses keep the default's 30 s tolerance for
+# an engine that stops answering.
 _CONTROLLER_ARGS = [
     "--usethreads",  # schedulers as threads: fewer processes on a small machine
     "--HeartMonitor.period=200",

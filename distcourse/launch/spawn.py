@@ -21,8 +21,8 @@ from distcourse.runtime import DEFAULT_TIMEOUT, RankError, init, shutdown
 
 _preloaded = False
 # Imported once by the forkserver, so that no rank imports them again. DTensor, device
-# meshes and pipelines on meta tensors import torch._dynamo on first use: about a
-# second of CPU in every rank that would otherwise pay it (the engines do the same).
+# meshes and pipelines on meta tensors import torch._dynamo on first use, a heavy
+# import every rank would otherwise pay again (the engines do the same).
 PRELOAD = [
     "torch",
     "torch._dynamo",
@@ -33,7 +33,7 @@ PRELOAD = [
 
 
 def _context() -> Any:
-    """A forkserver that imported PRELOAD once: each rank starts in milliseconds."""
+    """A forkserver that imported PRELOAD once: each rank is a fork of it, ready."""
     global _preloaded
     import multiprocessing as mp
 

@@ -152,7 +152,8 @@ class DDP(nn.Module):
         params = [p for _, p in named]
         groups = assign_buckets(params, int(self.options.bucket_cap_mb * 2**20))
         self.buckets = [
-            Bucket(i, [params[j] for j in g], len(groups)) for i, g in enumerate(groups)
+            Bucket(i, [params[j] for j in indices], len(groups))
+            for i, indices in enumerate(groups)
         ]
         for bucket in self.buckets:
             for slot, param in enumerate(bucket.params):

@@ -6,13 +6,12 @@ rank must refuse a bad batch alike. So a step starts with a small all-gather: ea
 rank says what it holds (dtype, shape of x; batch size of the target) and all ranks
 run the same checks on the same rows, raising the same ValueError.
 
-A 4-rank collective costs 3 to 4 ms on 2 shared cores (measured; the pipeline's
-whole step is about 1.1 s in `bench pipeline`), so it is started without waiting
-(`start`) and waited for only before the step's first transfer (`result`): the
-first stage's rank computes its first forward meanwhile, and the other ranks
-would be waiting for that forward anyway. With inputs="first" only the first step
-gathers; later steps compare the batch with it on the ranks that hold one, as
-torch's stages infer shapes once.
+A collective over all the pipeline's ranks is small beside a step but not free, so
+it is started without waiting (`start`) and waited for only before the step's first
+transfer (`result`): the first stage's rank computes its first forward meanwhile,
+and the other ranks would be waiting for that forward anyway. With inputs="first"
+only the first step gathers; later steps compare the batch with it on the ranks
+that hold one, as torch's stages infer shapes once.
 """
 
 from __future__ import annotations

@@ -5,11 +5,10 @@ Each link has its own group of two ranks, so the messages of different links nev
 mix, and a link's transfers arrive in the order sent; `schedules.check` proves that
 is also the order the receiver expects. Every group carries a finite timeout.
 
-Where a pipeline's time went (measured, 4 ranks, 1F1B, m = 8, sleeping stages): with
-a blocking receive posted only when the action needs it and each send handed to a
-thread, a transfer to a waiting neighbour took 0.8 ms from the sender's end to the
-receiver's start, and even data that had arrived long before cost 0.65 ms between two
-actions. About 30 such hops lie on a step's critical path. So, by default
+Why transfers are posted ahead: a step's critical path crosses a rank boundary at
+every micro-batch's forward and backward, and a receive posted only when its action
+needs it makes every such hop pay a round of wake-ups and bookkeeping, even for data
+that arrived long before (`bench pipeline` reports what that costs). So, by default
 (handshake="first"), a step that meets new shapes first agrees them on every link at
 once (`p2p.agree_shapes`: a header and an ack per link and stage, one round trip,
 nothing sent yet), as torch's stages do after their shape inference; from then on

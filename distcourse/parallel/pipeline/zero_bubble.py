@@ -41,7 +41,7 @@ def backward_input(
     caught: dict[Node, tuple] = {}
     # each hook returns None: the gradient goes on unchanged
     hooks = [
-        node.register_prehook(lambda g, node=node: caught.__setitem__(node, g))
+        node.register_prehook(lambda grads, node=node: caught.__setitem__(node, grads))
         for node in groups
     ]
     try:
@@ -59,14 +59,15 @@ def backward_input(
         assert root is not None  # held until W has run
         for node, mine in groups.items():
             edges = [
-                (GradientEdge(node, i), g)
-                for i, g in enumerate(caught[node])
-                if g is not None
+                (GradientEdge(node, i), arrived)
+                for i, arrived in enumerate(caught[node])
+                if arrived is not None
             ]
-            outs, grads = [e for e, _ in edges], [g for _, g in edges]
-            grads = torch.autograd.grad(outs, mine, grads, retain_graph=True)
-            for p, g in zip(mine, grads, strict=True):
-                p.grad = g if p.grad is None else p.grad + g
+            outs = [edge for edge, _ in edges]
+            arrived = [grad for _, grad in edges]
+            grads = torch.autograd.grad(outs, mine, arrived, retain_graph=True)
+            for p, new in zip(mine, grads, strict=True):
+                p.grad = new if p.grad is None else p.grad + new
 
     return weight
 

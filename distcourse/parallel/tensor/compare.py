@@ -23,7 +23,7 @@ def shard_of(full: Tensor, mine: Tensor, group: Group = None) -> Tensor:
     """The slice of `full` that a parameter shaped like `mine` holds on this rank:
     equal chunks along the one dim where the shapes differ (all of it if none)."""
     tp = members(group, "shard_of")
-    dims = [d for d in range(full.dim()) if full.shape[d] != mine.shape[d]]
+    dims = [dim for dim in range(full.dim()) if full.shape[dim] != mine.shape[dim]]
     if full.dim() != mine.dim() or len(dims) > 1:
         raise ValueError(
             f"no slice of a {list(full.shape)} tensor is shaped {list(mine.shape)}"
