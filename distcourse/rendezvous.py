@@ -57,9 +57,15 @@ def listen(host: str, port: int) -> int:
 def _serve(host: str, port: int, clients: int, timeout: float) -> dist.TCPStore:
     fd = listen(host, port)
     return dist.TCPStore(
-        host, port, clients, is_master=True, timeout=as_timedelta(timeout),
-        wait_for_workers=False, master_listen_fd=fd, use_libuv=True,
-    )  # fmt: skip
+        host,
+        port,
+        clients,
+        is_master=True,
+        timeout=as_timedelta(timeout),
+        wait_for_workers=False,
+        master_listen_fd=fd,
+        use_libuv=True,
+    )
 
 
 def make_store(
@@ -84,9 +90,13 @@ def make_store(
         if serve:
             return _serve(host, port, world_size, timeout)
         return dist.TCPStore(
-            host, port, world_size, is_master=False,
-            timeout=as_timedelta(timeout), wait_for_workers=False,
-        )  # fmt: skip
+            host,
+            port,
+            world_size,
+            is_master=False,
+            timeout=as_timedelta(timeout),
+            wait_for_workers=False,
+        )
     except (RuntimeError, OSError) as err:  # DistNetworkError is a RuntimeError
         text = str(err).lower()
         if serve and ("in use" in text or "bind" in text):

@@ -93,10 +93,13 @@ def test_axis_groups_match_the_hand_grid(shape: tuple, names: tuple) -> None:
             prev = group[i - 1] if i > 0 else None
             nxt = group[i + 1] if i < len(group) - 1 else None
             want = dict(
-                size=shape[axis], ranks=group, local_rank=i, sum=float(sum(group)),
+                size=shape[axis],
+                ranks=group,
+                local_rank=i,
+                sum=float(sum(group)),
                 line=(prev, nxt),
                 ring=(group[(i - 1) % len(group)], group[(i + 1) % len(group)]),
-            )  # fmt: skip
+            )
             if world == 4 and rank in SLICERS:
                 want["sub"] = group
             assert got[name] == want

@@ -79,8 +79,9 @@ def test_a_shared_weight_or_no_input_gradient_runs_the_whole_backward_in_b() -> 
     assert lin.weight.grad is not None and x.grad is not None  # all done in B
     weight()  # nothing left
     first = nn.Linear(4, 4)
-    weight = pp.backward_input(first(torch.ones(2, 4)).sum(), None, torch.ones(2, 4),
-                               list(first.parameters()))  # fmt: skip
+    weight = pp.backward_input(
+        first(torch.ones(2, 4)).sum(), None, torch.ones(2, 4), list(first.parameters())
+    )
     assert first.weight.grad is not None
 
 
@@ -108,7 +109,12 @@ def test_zb_h1_order_and_refusals() -> None:
     )
     with pytest.raises(ValueError, match="positive integers"):
         pp.zb_h1(0, 4)
-    bad = S.Schedule("bad", 1, 1, 1, ((S.Action("F", 0, 0), S.Action("W", 0, 0),
-                                       S.Action("B", 0, 0)),))  # fmt: skip
+    bad = S.Schedule(
+        "bad",
+        1,
+        1,
+        1,
+        ((S.Action("F", 0, 0), S.Action("W", 0, 0), S.Action("B", 0, 0)),),
+    )
     with pytest.raises(ValueError, match=r"runs W0.0 before its input gradient \(B\)"):
         S.check(bad)

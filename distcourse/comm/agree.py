@@ -25,8 +25,11 @@ Group = dist.ProcessGroup | None  # None: the default group
 MAX_DIMS = 8  # shapes with more dims are compared by numel only
 # elementwise reductions by name, called as fn(a, b, out=a)
 REDUCE_OPS: dict[str, Callable[..., Tensor]] = {
-    "sum": torch.add, "max": torch.maximum, "min": torch.minimum, "product": torch.mul
-}  # fmt: skip
+    "sum": torch.add,
+    "max": torch.maximum,
+    "min": torch.minimum,
+    "product": torch.mul,
+}
 _DTYPES = sorted(
     {v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str
 )

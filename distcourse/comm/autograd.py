@@ -41,8 +41,10 @@ def _dim(x: Tensor, dim: int, name: str, what: str = "dim") -> int:
     if not isinstance(dim, int) or isinstance(dim, bool):
         raise ValueError(f"{name}: {what} must be an int, got {dim!r}")
     if not -x.dim() <= dim < x.dim():
-        raise ValueError(f"{name}: {what}={dim} is out of range for a {x.dim()}-d "
-                         f"tensor of shape {list(x.shape)}")  # fmt: skip
+        raise ValueError(
+            f"{name}: {what}={dim} is out of range for a {x.dim()}-d "
+            f"tensor of shape {list(x.shape)}"
+        )
     return dim % x.dim()
 
 
@@ -85,8 +87,9 @@ def _reduce_scatter(x: Tensor, dim: int, sizes: list[int], g: Members) -> Tensor
     """Sum x over ranks and keep piece g.rank along `dim` (pieces sizes[r] long)."""
     blocks = [_pad(p, dim, max(sizes)) for p in x.split(sizes, dim)]
     out = torch.empty_like(blocks[0])
-    ring_reduce_scatter(out, torch.cat([b.reshape(-1) for b in blocks]), group=g.group,
-                        check=False)  # fmt: skip
+    ring_reduce_scatter(
+        out, torch.cat([b.reshape(-1) for b in blocks]), group=g.group, check=False
+    )
     return out.narrow(dim, 0, sizes[g.rank]).contiguous()
 
 
@@ -99,9 +102,13 @@ def _all_reduce(x: Tensor, g: Members) -> Tensor:
 
 
 def _all_to_all(
-    x: Tensor, split_dim: int, send: list[int], cat_dim: int, recv: list[int],
+    x: Tensor,
+    split_dim: int,
+    send: list[int],
+    cat_dim: int,
+    recv: list[int],
     g: Members,
-) -> Tensor:  # fmt: skip
+) -> Tensor:
     """Send piece j of x along `split_dim` (send[j] long) to rank j; concatenate the
     pieces received along `cat_dim`, the one from rank i recv[i] long. Every rank
     passes the same `send`, so what arrives is send[g.rank] long along `split_dim`."""
@@ -111,8 +118,9 @@ def _all_to_all(
     shapes = [shape[:cat_dim] + [c] + shape[cat_dim + 1 :] for c in recv]
     counts = [torch.Size(s).numel() for s in shapes]
     out = x.new_empty(sum(counts))
-    dist.all_to_all_single(out, torch.cat(pieces), counts, [p.numel() for p in pieces],
-                           group=g.group)  # fmt: skip
+    dist.all_to_all_single(
+        out, torch.cat(pieces), counts, [p.numel() for p in pieces], group=g.group
+    )
     parts = [c.view(s) for c, s in zip(out.split(counts), shapes, strict=True)]
     return torch.cat(parts, cat_dim)
 
@@ -250,8 +258,14 @@ def _gathering(
 ) -> Tensor:
     """Validate, agree on everything but the size along `dim`, exchange sizes, apply."""
     g = members(group, name)
-    d = agree(name, _without(x, dim), group, lambda: _dim(x, dim, name), "dim",
-              check and g.size > 1)  # fmt: skip
+    d = agree(
+        name,
+        _without(x, dim),
+        group,
+        lambda: _dim(x, dim, name),
+        "dim",
+        check and g.size > 1,
+    )
     return x if g.size == 1 else _Gather.apply(x, d, _sizes(x, d, g), g, reduce)
 
 
@@ -294,7 +308,13 @@ def all_to_all_along(
             raise ValueError(f"{name}: split_dim and cat_dim must differ, both are {s}")
         return 100 * s + c
 
-    key = agree(name, _without(x, cat_dim), group, local, "100*split_dim+cat_dim",
-                check and g.size > 1)  # fmt: skip
+    key = agree(
+        name,
+        _without(x, cat_dim),
+        group,
+        local,
+        "100*split_dim+cat_dim",
+        check and g.size > 1,
+    )
     dims = divmod(key, 100)  # (split_dim, cat_dim)
     return x if g.size == 1 else _AllToAll.apply(x, dims, _sizes(x, dims[1], g), g)

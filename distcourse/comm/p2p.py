@@ -30,10 +30,19 @@ from distcourse.comm.agree import Group, Members, members
 MAX_DIMS = 8
 HEADER_LEN = 2 + MAX_DIMS  # dtype code, ndim, shape
 DTYPES = (
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
-    torch.complex128, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.complex64,
+    torch.complex128,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
     torch.bool,
-)  # fmt: skip
+)
 Expect = tuple[tuple[int, ...] | torch.Size, torch.dtype]  # (shape, dtype)
 
 
@@ -43,8 +52,9 @@ def _header(shape: tuple[int, ...], dtype: torch.dtype, name: str) -> list[int]:
         kinds = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
         raise ValueError(f"{name}: unsupported dtype {dtype!r}; supported: {kinds}")
     if len(shape) > MAX_DIMS or not all(isinstance(s, int) and s >= 0 for s in shape):
-        raise ValueError(f"{name}: shape {list(shape)} must be at most {MAX_DIMS} "
-                         "non-negative ints")  # fmt: skip
+        raise ValueError(
+            f"{name}: shape {list(shape)} must be at most {MAX_DIMS} non-negative ints"
+        )
     return [DTYPES.index(dtype), len(shape), *shape] + [-1] * (MAX_DIMS - len(shape))
 
 
@@ -53,8 +63,10 @@ def _parse(header: list[int], src: int, name: str) -> tuple[list[int], torch.dty
     code, ndim, *shape = header
     ok = 0 <= code < len(DTYPES) and 0 <= ndim <= MAX_DIMS
     if not ok or any(s < 0 for s in shape[:ndim]):
-        raise ValueError(f"{name}: rank {src} sent {header}, not a send_tensor header: "
-                         "are its sends paired with this rank's receives?")  # fmt: skip
+        raise ValueError(
+            f"{name}: rank {src} sent {header}, not a send_tensor header: "
+            "are its sends paired with this rank's receives?"
+        )
     return shape[:ndim], DTYPES[code]
 
 
@@ -67,19 +79,24 @@ def _show(header: list[int]) -> str:
 def _mismatch(
     name: str, receiver: int, want: list[int], sender: int, got: list[int]
 ) -> ValueError:
-    return ValueError(f"{name}: rank {receiver} expected {_show(want)} from rank "
-                      f"{sender}, which sent {_show(got)}")  # fmt: skip
+    return ValueError(
+        f"{name}: rank {receiver} expected {_show(want)} from rank "
+        f"{sender}, which sent {_show(got)}"
+    )
 
 
 def _peer(peer: object, what: str, g: Members, name: str) -> int:
     """`peer` as a global rank of the group other than this one, or ValueError."""
     if not isinstance(peer, int) or isinstance(peer, bool) or peer not in g.ranks:
         valid = f"0..{g.size - 1}" if g.ranks == list(range(g.size)) else g.ranks
-        raise ValueError(f"{name}: {what}={peer!r} is not a rank of the group "
-                         f"(valid: {valid})")  # fmt: skip
+        raise ValueError(
+            f"{name}: {what}={peer!r} is not a rank of the group (valid: {valid})"
+        )
     if peer == g.ranks[g.rank]:
-        raise ValueError(f"{name}: {what}={peer} is this rank itself; a rank can only "
-                         "send to and receive from other ranks")  # fmt: skip
+        raise ValueError(
+            f"{name}: {what}={peer} is this rank itself; a rank can only "
+            "send to and receive from other ranks"
+        )
     return peer
 
 
@@ -87,8 +104,9 @@ def _blank(device: torch.device) -> Tensor:
     return torch.empty(HEADER_LEN, dtype=torch.int64, device=device)
 
 
-def _phase(sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]],
-           g: Members) -> None:  # fmt: skip
+def _phase(
+    sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]], g: Members
+) -> None:
     """Post these sends and receives together, then wait for all of them.
 
     One message goes by dist.isend/irecv; more by one batch_isend_irecv, so that two
@@ -108,9 +126,13 @@ def _phase(sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]],
 
 
 def _transfer(
-    name: str, x: Tensor | None, dst: int | None, src: int | None, group: Group,
+    name: str,
+    x: Tensor | None,
+    dst: int | None,
+    src: int | None,
+    group: Group,
     expect: Expect | None,
-) -> Tensor | None:  # fmt: skip
+) -> Tensor | None:
     """The three phases; a send when dst is given, a receive when src is."""
     g = members(group, name)
     me, device = g.ranks[g.rank], runtime.device()
@@ -199,19 +221,27 @@ def agree_shapes(sends: list[Wire], recvs: list[Wire]) -> None:
     starting with the entry's label (what the transfer carries).
     """
     name = "agree_shapes"
-    out = [(_header(tuple(s), d, name), _peer(p, "dst", members(g, name), name), g, w)
-           for (s, d), p, g, w in sends]  # fmt: skip
-    into = [(_header(tuple(s), d, name), _peer(p, "src", members(g, name), name), g, w)
-            for (s, d), p, g, w in recvs]  # fmt: skip
+    out = [
+        (_header(tuple(s), d, name), _peer(p, "dst", members(g, name), name), g, w)
+        for (s, d), p, g, w in sends
+    ]
+    into = [
+        (_header(tuple(s), d, name), _peer(p, "src", members(g, name), name), g, w)
+        for (s, d), p, g, w in recvs
+    ]
     device = runtime.device()
     got = [_blank(device) for _ in into]
     acks = [_blank(device) for _ in out]
     for phase in ((out, into, got), (into, out, acks)):  # headers, then acks
         sent, answered, blanks = phase
-        works = [dist.isend(torch.tensor(h, device=device), p, group=g)
-                 for h, p, g, _ in sent]  # fmt: skip
-        works += [dist.irecv(t, e[1], group=e[2])
-                  for t, e in zip(blanks, answered, strict=True)]  # fmt: skip
+        works = [
+            dist.isend(torch.tensor(h, device=device), p, group=g)
+            for h, p, g, _ in sent
+        ]
+        works += [
+            dist.irecv(t, e[1], group=e[2])
+            for t, e in zip(blanks, answered, strict=True)
+        ]
         for work in works:
             work.wait()
     me = dist.get_rank()

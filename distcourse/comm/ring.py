@@ -43,8 +43,10 @@ def _check_blocks(
     n, numel = (size, numel) if as_list else (1, size * numel)
     got = [f"{str(b.dtype).removeprefix('torch.')}[{b.numel()}]" for b in blocks]
     if len(blocks) != n or any(b.numel() != numel or b.dtype != dtype for b in blocks):
-        raise ValueError(f"{what} must be {n} tensor(s) of {numel} {dtype} elements, "
-                         f"got {', '.join(got)}")  # fmt: skip
+        raise ValueError(
+            f"{what} must be {n} tensor(s) of {numel} {dtype} elements, "
+            f"got {', '.join(got)}"
+        )
 
 
 def _piece_count(chunk: Tensor) -> int:
@@ -60,9 +62,13 @@ def _pieces(chunks: list, count: int) -> list:
 
 
 def _stream(
-    sends: list, recvs: list, g: Members, send_ahead: int, recv_ahead: int,
+    sends: list,
+    recvs: list,
+    g: Members,
+    send_ahead: int,
+    recv_ahead: int,
     arrived: Callable[[int], None] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Send sends[m] right and receive recvs[m] from the left, m = 0, 1, ...; run
     `arrived(m)` once message m is in.
 
@@ -163,9 +169,11 @@ def ring_all_reduce(
 
 
 def ring_all_gather(
-    output: list[Tensor] | Tensor, tensor: Tensor, group: Group = None,
+    output: list[Tensor] | Tensor,
+    tensor: Tensor,
+    group: Group = None,
     check: bool = True,
-) -> list[Tensor] | Tensor:  # fmt: skip
+) -> list[Tensor] | Tensor:
     """Gather every rank's `tensor` into `output` around a ring: N-1 steps.
 
     `output` is a list of N tensors shaped like `tensor` (as dist.all_gather) or one
@@ -193,9 +201,12 @@ def ring_all_gather(
 
 
 def ring_reduce_scatter(
-    output: Tensor, input: list[Tensor] | Tensor, op: object = SUM,
-    group: Group = None, check: bool = True,
-) -> Tensor:  # fmt: skip
+    output: Tensor,
+    input: list[Tensor] | Tensor,
+    op: object = SUM,
+    group: Group = None,
+    check: bool = True,
+) -> Tensor:
     """Reduce across ranks and leave block r on rank r, around a ring: N-1 steps.
 
     `input` is a list of N tensors, block r going to rank r (as dist.reduce_scatter), or

@@ -22,7 +22,7 @@ from distcourse.comm.agree import (
     members,
     reduce_fn,
     reduce_op,
-)  # fmt: skip
+)
 
 
 def tree_broadcast(
@@ -38,8 +38,10 @@ def tree_broadcast(
 
     def local() -> int:
         if not isinstance(src, int) or not 0 <= src < g.size:
-            raise ValueError(f"tree_broadcast: src={src!r} is out of range: valid "
-                             f"ranks are 0..{g.size - 1}")  # fmt: skip
+            raise ValueError(
+                f"tree_broadcast: src={src!r} is out of range: valid "
+                f"ranks are 0..{g.size - 1}"
+            )
         return src
 
     agree("tree_broadcast", tensor, group, local, "src", check)

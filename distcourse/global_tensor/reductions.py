@@ -164,8 +164,7 @@ def _softmax(call: Call) -> Decision:
     return Decision(*per_dim(call, rule))
 
 
-@register(aten._log_softmax_backward_data.default,
-          aten._softmax_backward_data.default)  # fmt: skip
+@register(aten._log_softmax_backward_data.default, aten._softmax_backward_data.default)
 def _softmax_backward(call: Call) -> Decision:
     dim = call.args[2] % len(call.shape(0))
 

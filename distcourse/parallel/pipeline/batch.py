@@ -6,13 +6,12 @@ rank must refuse a bad batch alike. So a step starts with a small all-gather: ea
 rank says what it holds (dtype, shape of x; batch size of the target) and all ranks
 run the same checks on the same rows, raising the same ValueError.
 
-A 4-rank collective costs 3 to 4 ms on 2 shared cores (measured; the pipeline's
-whole step is about 1.1 s in `bench pipeline`), so it is started without waiting
-(`start`) and waited for only before the step's first transfer (`result`): the
-first stage's rank computes its first forward meanwhile, and the other ranks
-would be waiting for that forward anyway. With inputs="first" only the first step
-gathers; later steps compare the batch with it on the ranks that hold one, as
-torch's stages infer shapes once.
+A collective over all the pipeline's ranks is small beside a step but not free, so
+it is started without waiting (`start`) and waited for only before the step's first
+transfer (`result`): the first stage's rank computes its first forward meanwhile,
+and the other ranks would be waiting for that forward anyway. With inputs="first"
+only the first step gathers; later steps compare the batch with it on the ranks
+that hold one, as torch's stages infer shapes once.
 """
 
 from __future__ import annotations
@@ -36,9 +35,17 @@ class BatchCheck:
     global ranks of the first and last stage; `describe(stage)` names a stage.
     """
 
-    def __init__(self, ranks: list[int], group: dist.ProcessGroup | None,
-                 first: int, last: int, stages: int, micro_batches: int,
-                 describe: Callable[[int], str], every: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ranks: list[int],
+        group: dist.ProcessGroup | None,
+        first: int,
+        last: int,
+        stages: int,
+        micro_batches: int,
+        describe: Callable[[int], str],
+        every: bool,
+    ) -> None:
         self.ranks, self.group, self.every = ranks, group, every
         self.first, self.last, self.stages = first, last, stages
         self.m, self.describe = micro_batches, describe
@@ -79,8 +86,9 @@ class BatchCheck:
             return self.agreed
         (work, rows), self.pending = self.pending, None
         work.wait()
-        head, tail = (rows[self.ranks.index(r)].tolist()
-                      for r in (self.first, self.last))  # fmt: skip
+        head, tail = (
+            rows[self.ranks.index(r)].tolist() for r in (self.first, self.last)
+        )
         if head[0] == -2:
             raise ValueError(
                 f"{self.describe(0)}: an input that p2p cannot send "
@@ -89,17 +97,17 @@ class BatchCheck:
         if head[0] < 0:
             raise ValueError(f"{self.describe(0)} needs the input batch x")
         if tail[-1] < 0:
-            raise ValueError(f"{self.describe(self.stages - 1)} needs the "
-                             "target batch")  # fmt: skip
+            raise ValueError(f"{self.describe(self.stages - 1)} needs the target batch")
         shape, dtype = head[2 : 2 + head[1]], p2p.DTYPES[head[0]]
         batch = shape[0] if shape else 0
         if batch % self.m or batch == 0:
-            raise ValueError(f"{self.describe(0)}: a batch of {batch} does not split "
-                             f"into {self.m} equal micro-batches")  # fmt: skip
+            raise ValueError(
+                f"{self.describe(0)}: a batch of {batch} does not split "
+                f"into {self.m} equal micro-batches"
+            )
         if tail[-1] != batch:
             where = self.describe(self.stages - 1)
-            raise ValueError(f"{where}: target batch {tail[-1]} != input "
-                             f"batch {batch}")  # fmt: skip
+            raise ValueError(f"{where}: target batch {tail[-1]} != input batch {batch}")
         self.agreed = (batch // self.m, *shape[1:]), dtype
         return self.agreed
 
@@ -114,5 +122,7 @@ class BatchCheck:
             )
         if target is not None and len(target) != micro_shape[0] * self.m:
             where = self.describe(self.stages - 1)
-            raise ValueError(f"{where}: target batch {len(target)} != the agreed "
-                             f"{micro_shape[0] * self.m}")  # fmt: skip
+            raise ValueError(
+                f"{where}: target batch {len(target)} != the agreed "
+                f"{micro_shape[0] * self.m}"
+            )

@@ -40,8 +40,9 @@ def split_at(model: nn.Module, bounds: Sequence[int]) -> list[nn.Sequential]:
     layers = layers_of(model)
     ok = list(bounds) == sorted(set(bounds)) and len(bounds) >= 2
     if not ok or bounds[0] != 0 or bounds[-1] != len(layers):
-        raise ValueError(f"bounds {list(bounds)} must rise strictly from 0 to "
-                         f"{len(layers)}")  # fmt: skip
+        raise ValueError(
+            f"bounds {list(bounds)} must rise strictly from 0 to {len(layers)}"
+        )
     return [
         nn.Sequential(*layers[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)
     ]

@@ -22,9 +22,12 @@ from distcourse.parallel.tensor.layers import ColumnParallelLinear, RowParallelL
 
 
 def _pair(
-    first: nn.Linear, second: nn.Linear, group: Group, sequence_parallel: bool,
+    first: nn.Linear,
+    second: nn.Linear,
+    group: Group,
+    sequence_parallel: bool,
     check: bool,
-) -> tuple[ColumnParallelLinear, RowParallelLinear]:  # fmt: skip
+) -> tuple[ColumnParallelLinear, RowParallelLinear]:
     """A column layer from `first` and a row layer from `second` (checked once)."""
     col = ColumnParallelLinear.from_linear(
         first, group, sequence_parallel=sequence_parallel, check=check
@@ -49,9 +52,13 @@ class ParallelMLP(nn.Module):
 
     @classmethod
     def from_module(
-        cls, mlp: nn.Module, group: Group = None, *, sequence_parallel: bool = False,
+        cls,
+        mlp: nn.Module,
+        group: Group = None,
+        *,
+        sequence_parallel: bool = False,
         check: bool = True,
-    ) -> ParallelMLP:  # fmt: skip
+    ) -> ParallelMLP:
         """Split an MLP with Linear attributes `fc`, `proj` (and `drop`): the first's
         output features and the second's input features across the ranks."""
         fc, proj = _pair(mlp.fc, mlp.proj, group, sequence_parallel, check)
@@ -70,10 +77,14 @@ class ParallelSelfAttention(nn.Module):
     """
 
     def __init__(
-        self, query: ColumnParallelLinear, key: ColumnParallelLinear,
-        value: ColumnParallelLinear, proj: RowParallelLinear, head_dim: int,
+        self,
+        query: ColumnParallelLinear,
+        key: ColumnParallelLinear,
+        value: ColumnParallelLinear,
+        proj: RowParallelLinear,
+        head_dim: int,
         dropout: float = 0.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         self.query, self.key, self.value, self.proj = query, key, value, proj
         self.head_dim, self.drop = head_dim, nn.Dropout(dropout)
@@ -81,15 +92,21 @@ class ParallelSelfAttention(nn.Module):
 
     @classmethod
     def from_module(
-        cls, attn: nn.Module, group: Group = None, *, sequence_parallel: bool = False,
+        cls,
+        attn: nn.Module,
+        group: Group = None,
+        *,
+        sequence_parallel: bool = False,
         check: bool = True,
-    ) -> ParallelSelfAttention:  # fmt: skip
+    ) -> ParallelSelfAttention:
         """Split an attention with Linear `query`, `key`, `value`, `proj` and ints
         `n_head`, `head_dim`: whole heads to each rank, or a ValueError."""
         tp = members(group, "ParallelSelfAttention")
         if attn.n_head % tp.size:
-            raise ValueError(f"n_head={attn.n_head} is not divisible by "
-                             f"tensor-parallel size {tp.size}")  # fmt: skip
+            raise ValueError(
+                f"n_head={attn.n_head} is not divisible by "
+                f"tensor-parallel size {tp.size}"
+            )
         query, proj = _pair(attn.query, attn.proj, group, sequence_parallel, check)
         options = dict(sequence_parallel=sequence_parallel, check=check)
         key, value = (
@@ -121,9 +138,14 @@ class SequenceParallelLayerNorm(nn.LayerNorm):
     """
 
     def __init__(self, norm: nn.LayerNorm, group: Group = None) -> None:
-        super().__init__(norm.normalized_shape, norm.eps, norm.elementwise_affine,
-                         norm.bias is not None, dtype=norm.weight.dtype,
-                         device=norm.weight.device)  # fmt: skip
+        super().__init__(
+            norm.normalized_shape,
+            norm.eps,
+            norm.elementwise_affine,
+            norm.bias is not None,
+            dtype=norm.weight.dtype,
+            device=norm.weight.device,
+        )
         self.load_state_dict(norm.state_dict())
         self.group = members(group, "SequenceParallelLayerNorm").group
 

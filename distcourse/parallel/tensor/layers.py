@@ -84,8 +84,15 @@ class ShardedLinear(nn.Module):
         """This rank's slice of `linear` (which is left unchanged), on its device."""
         out, inp = linear.weight.shape
         w = linear.weight
-        layer = cls(inp, out, linear.bias is not None, group=group, dtype=w.dtype,
-                    device=w.device, **options)  # fmt: skip
+        layer = cls(
+            inp,
+            out,
+            linear.bias is not None,
+            group=group,
+            dtype=w.dtype,
+            device=w.device,
+            **options,
+        )
         layer.load_full_state_dict(linear.state_dict())
         return layer
 
@@ -106,8 +113,13 @@ class ShardedLinear(nn.Module):
         """The whole layer as one nn.Linear (a collective: every rank calls it)."""
         state = self.full_state_dict()
         w = self.weight
-        linear = nn.Linear(self.in_features, self.out_features, self.bias is not None,
-                           dtype=w.dtype, device=w.device)  # fmt: skip
+        linear = nn.Linear(
+            self.in_features,
+            self.out_features,
+            self.bias is not None,
+            dtype=w.dtype,
+            device=w.device,
+        )
         linear.load_state_dict(state)
         return linear
 
@@ -121,11 +133,19 @@ class ColumnParallelLinear(ShardedLinear):
     """
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool = True, *,
-        group: Group = None, gather_output: bool = False,
-        sequence_parallel: bool = False, seq_dim: int = 1, check: bool = True,
-        dtype: torch.dtype | None = None, device: Device = None,
-    ) -> None:  # fmt: skip
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        group: Group = None,
+        gather_output: bool = False,
+        sequence_parallel: bool = False,
+        seq_dim: int = 1,
+        check: bool = True,
+        dtype: torch.dtype | None = None,
+        device: Device = None,
+    ) -> None:
         super().__init__()
         self.tp = members(group, "ColumnParallelLinear")
         local = shard_size("out_features", out_features, self.tp)
@@ -152,14 +172,22 @@ class ColumnParallelLinear(ShardedLinear):
                     f"(..., in_features={self.in_features})"
                 )
             if self.sequence_parallel and not -x.dim() <= d < x.dim() - 1:
-                raise ValueError(f"ColumnParallelLinear: seq_dim={d} is not a "
-                                 f"sequence dim of a {x.dim()}-d input")  # fmt: skip
+                raise ValueError(
+                    f"ColumnParallelLinear: seq_dim={d} is not a "
+                    f"sequence dim of a {x.dim()}-d input"
+                )
             return -1
 
         sp = self.sequence_parallel and -x.dim() <= d < x.dim()
         shape = x.narrow(d, 0, 0) if sp else x  # sequence parts may differ in length
-        agree("ColumnParallelLinear", shape, tp.group, local, "",
-              self.check and tp.size > 1)  # fmt: skip
+        agree(
+            "ColumnParallelLinear",
+            shape,
+            tp.group,
+            local,
+            "",
+            self.check and tp.size > 1,
+        )
         if self.sequence_parallel:
             return all_gather_along(x, d, tp.group, check=False)
         return copy_to_group(x, tp.group, check=False)
@@ -177,8 +205,10 @@ class ColumnParallelLinear(ShardedLinear):
     def full_state_dict(self) -> dict[str, Tensor]:
         """The whole layer's weight (and bias), gathered: a collective of the group."""
         with torch.no_grad():
-            return {k: gather_from_group(v.detach(), 0, self.tp.group, check=False)
-                    for k, v in self.state_dict().items()}  # fmt: skip
+            return {
+                k: gather_from_group(v.detach(), 0, self.tp.group, check=False)
+                for k, v in self.state_dict().items()
+            }
 
     def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
         """Keep this rank's rows of a full state dict (no messages)."""
@@ -190,10 +220,12 @@ class ColumnParallelLinear(ShardedLinear):
                 param.copy_(state[key].chunk(n, 0)[r])
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features} "
-                f"({self.weight.shape[0]} on this rank of {self.tp.size}), "
-                f"gather_output={self.gather_output}, "
-                f"sequence_parallel={self.sequence_parallel}")  # fmt: skip
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features} "
+            f"({self.weight.shape[0]} on this rank of {self.tp.size}), "
+            f"gather_output={self.gather_output}, "
+            f"sequence_parallel={self.sequence_parallel}"
+        )
 
 
 class RowParallelLinear(ShardedLinear):
@@ -207,11 +239,19 @@ class RowParallelLinear(ShardedLinear):
     """
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool = True, *,
-        group: Group = None, input_is_parallel: bool = True,
-        sequence_parallel: bool = False, seq_dim: int = 1, check: bool = True,
-        dtype: torch.dtype | None = None, device: Device = None,
-    ) -> None:  # fmt: skip
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        group: Group = None,
+        input_is_parallel: bool = True,
+        sequence_parallel: bool = False,
+        seq_dim: int = 1,
+        check: bool = True,
+        dtype: torch.dtype | None = None,
+        device: Device = None,
+    ) -> None:
         super().__init__()
         self.tp = members(group, "RowParallelLinear")
         local = shard_size("in_features", in_features, self.tp)
@@ -283,10 +323,12 @@ class RowParallelLinear(ShardedLinear):
                 self.bias.copy_(state["bias"])
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features} ({self.weight.shape[1]} on this rank "
-                f"of {self.tp.size}), out_features={self.out_features}, "
-                f"input_is_parallel={self.input_is_parallel}, "
-                f"sequence_parallel={self.sequence_parallel}")  # fmt: skip
+        return (
+            f"in_features={self.in_features} ({self.weight.shape[1]} on this rank "
+            f"of {self.tp.size}), out_features={self.out_features}, "
+            f"input_is_parallel={self.input_is_parallel}, "
+            f"sequence_parallel={self.sequence_parallel}"
+        )
 
 
 def check_keys(what: str, state: dict[str, Tensor], shapes: dict[str, tuple]) -> None:

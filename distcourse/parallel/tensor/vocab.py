@@ -34,8 +34,10 @@ def _check_ids(what: str, ids: Tensor, vocab: int) -> None:
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise ValueError(f"{what}: token ids must be integers, got {ids.dtype}")
     if ids.numel() and (ids.min() < 0 or ids.max() >= vocab):
-        raise ValueError(f"{what}: token ids must lie in [0, {vocab}), got "
-                         f"[{ids.min().item()}, {ids.max().item()}]")  # fmt: skip
+        raise ValueError(
+            f"{what}: token ids must lie in [0, {vocab}), got "
+            f"[{ids.min().item()}, {ids.max().item()}]"
+        )
 
 
 def _owned(ids: Tensor, start: int, count: int) -> tuple[Tensor, Tensor]:
@@ -53,10 +55,17 @@ class VocabParallelEmbedding(nn.Module):
     """
 
     def __init__(
-        self, num_embeddings: int, embedding_dim: int, *, group: Group = None,
-        sequence_parallel: bool = False, seq_dim: int = 1, check: bool = True,
-        dtype: torch.dtype | None = None, device: Device = None,
-    ) -> None:  # fmt: skip
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        group: Group = None,
+        sequence_parallel: bool = False,
+        seq_dim: int = 1,
+        check: bool = True,
+        dtype: torch.dtype | None = None,
+        device: Device = None,
+    ) -> None:
         super().__init__()
         self.tp = members(group, "VocabParallelEmbedding")
         local = shard_size("num_embeddings", num_embeddings, self.tp)
@@ -96,8 +105,11 @@ class VocabParallelEmbedding(nn.Module):
     def full_state_dict(self) -> dict[str, Tensor]:
         """The whole table, gathered (a collective of the group)."""
         with torch.no_grad():
-            return {"weight": gather_from_group(self.weight.detach(), 0, self.tp.group,
-                                                check=False)}  # fmt: skip
+            return {
+                "weight": gather_from_group(
+                    self.weight.detach(), 0, self.tp.group, check=False
+                )
+            }
 
     def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
         """Keep this rank's rows of a full state dict (no messages)."""
@@ -108,17 +120,22 @@ class VocabParallelEmbedding(nn.Module):
 
     def to_embedding(self) -> nn.Embedding:
         """The whole table as one nn.Embedding (a collective: every rank calls it)."""
-        embedding = nn.Embedding(self.num_embeddings, self.embedding_dim,
-                                 dtype=self.weight.dtype,
-                                 device=self.weight.device)  # fmt: skip
+        embedding = nn.Embedding(
+            self.num_embeddings,
+            self.embedding_dim,
+            dtype=self.weight.dtype,
+            device=self.weight.device,
+        )
         embedding.load_state_dict(self.full_state_dict())
         return embedding
 
     def extra_repr(self) -> str:
-        return (f"{self.num_embeddings}, {self.embedding_dim} (tokens {self.start}.."
-                f"{self.start + self.weight.shape[0] - 1} on this rank of "
-                f"{self.tp.size}), "
-                f"sequence_parallel={self.sequence_parallel}")  # fmt: skip
+        return (
+            f"{self.num_embeddings}, {self.embedding_dim} (tokens {self.start}.."
+            f"{self.start + self.weight.shape[0] - 1} on this rank of "
+            f"{self.tp.size}), "
+            f"sequence_parallel={self.sequence_parallel}"
+        )
 
 
 class _CrossEntropy(torch.autograd.Function):
@@ -146,9 +163,12 @@ class _CrossEntropy(torch.autograd.Function):
 
 
 def vocab_parallel_cross_entropy(
-    logits: Tensor, target: Tensor, group: Group = None, reduction: str = "mean",
+    logits: Tensor,
+    target: Tensor,
+    group: Group = None,
+    reduction: str = "mean",
     check: bool = True,
-) -> Tensor:  # fmt: skip
+) -> Tensor:
     """F.cross_entropy(full_logits.flatten(0, -2), target.flatten()) from shards.
 
     `logits` (..., V / N): this rank's vocabulary slice (a ColumnParallelLinear
@@ -161,18 +181,27 @@ def vocab_parallel_cross_entropy(
 
     def local() -> int:
         if reduction not in ("mean", "sum", "none"):
-            raise ValueError(f"{name}: reduction must be mean, sum or none, "
-                             f"got {reduction!r}")  # fmt: skip
+            raise ValueError(
+                f"{name}: reduction must be mean, sum or none, got {reduction!r}"
+            )
         if logits.dim() < 1 or target.shape != logits.shape[:-1]:
-            raise ValueError(f"{name}: target of shape {list(target.shape)} does not "
-                             f"fit logits of shape {list(logits.shape)}")  # fmt: skip
+            raise ValueError(
+                f"{name}: target of shape {list(target.shape)} does not "
+                f"fit logits of shape {list(logits.shape)}"
+            )
         _check_ids(name, target, logits.shape[-1] * tp.size)
         return -1
 
     agree(name, logits, group, local, "", check and tp.size > 1)
-    loss = _CrossEntropy.apply(logits, target, tp) if tp.size > 1 else (
-        F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="none")
-        .view(target.shape))  # fmt: skip
+    loss = (
+        _CrossEntropy.apply(logits, target, tp)
+        if tp.size > 1
+        else (
+            F.cross_entropy(
+                logits.flatten(0, -2), target.flatten(), reduction="none"
+            ).view(target.shape)
+        )
+    )
     if reduction == "none":
         return loss
     return loss.mean() if reduction == "mean" else loss.sum()
