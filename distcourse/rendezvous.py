@@ -18,13 +18,14 @@ import socket
 import psutil
 import torch.distributed as dist
 
+from distcourse.arguments import positive_int
+
 LOOPBACK = "127.0.0.1"  # single-host jobs listen and connect on this address only
 
 
 def check_rank(rank: int, world_size: int) -> None:
     """ValueError unless world_size >= 1 and 0 <= rank < world_size (both ints)."""
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    positive_int(world_size, "world_size")
     if not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank!r}")
 

@@ -107,7 +107,7 @@ def test_zb_h1_order_and_refusals() -> None:
         "rank 0: F0.0 F0.1 B0.0 W0.0 F0.2 B0.1 W0.1 B0.2 W0.2\n"
         "rank 1: F1.0 B1.0 F1.1 B1.1 W1.0 F1.2 B1.2 W1.1 W1.2"
     )
-    with pytest.raises(ValueError, match="positive integers"):
+    with pytest.raises(ValueError, match="must be a positive integer"):
         pp.zb_h1(0, 4)
     bad = S.Schedule(
         "bad",

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from distcourse import runtime
+from distcourse.arguments import positive_int
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,7 @@ def predict(
         raise ValueError(
             f"unknown collective {collective!r}; use one of {list(MODELS)}"
         )
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    positive_int(world_size, "world_size")
     return MODELS[collective](nbytes, world_size, alpha, beta)
 
 

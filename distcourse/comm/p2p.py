@@ -4,7 +4,7 @@ dist.send/dist.recv need the receiver to allocate a buffer of the right shape an
 in advance; if it guessed wrong, the transfer hangs or fills the buffer with garbage.
 Here every transfer is three messages, each in its own phase:
 
-    1. header  sender -> receiver  int64[10]: dtype code, ndim, shape padded with -1
+    1. header  sender -> receiver  int64[10]: a TensorSpec row (dtype, ndim, shape)
     2. ack     receiver -> sender  int64[10]: the header the receiver expected (its
                                    `expect`), or the header it got back if it had none
     3. data    sender -> receiver  only if the ack equals the header; skipped when empty
@@ -26,10 +26,11 @@ from torch import Tensor
 
 from distcourse import runtime
 from distcourse.comm.agree import Group, Members, members
+from distcourse.comm.spec import MAX_DIMS, TensorSpec
 
-MAX_DIMS = 8
-HEADER_LEN = 2 + MAX_DIMS  # dtype code, ndim, shape
-DTYPES = (
+HEADER_LEN = TensorSpec.LENGTH  # a header is a TensorSpec row
+# what gloo and NCCL both send; TensorSpec encodes any dtype, p2p refuses the rest
+SENDABLE = (
     torch.float32,
     torch.float64,
     torch.float16,
@@ -48,32 +49,30 @@ Expect = tuple[tuple[int, ...] | torch.Size, torch.dtype]  # (shape, dtype)
 
 def _header(shape: tuple[int, ...], dtype: torch.dtype, name: str) -> list[int]:
     """The header for a tensor of this shape and dtype, or ValueError if it has none."""
-    if dtype not in DTYPES:
-        kinds = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
+    if dtype not in SENDABLE:
+        kinds = ", ".join(str(d).removeprefix("torch.") for d in SENDABLE)
         raise ValueError(f"{name}: unsupported dtype {dtype!r}; supported: {kinds}")
     if len(shape) > MAX_DIMS or not all(isinstance(s, int) and s >= 0 for s in shape):
         raise ValueError(
             f"{name}: shape {list(shape)} must be at most {MAX_DIMS} non-negative ints"
         )
-    return [DTYPES.index(dtype), len(shape), *shape] + [-1] * (MAX_DIMS - len(shape))
+    return TensorSpec(tuple(shape), dtype).encode()
 
 
-def _parse(header: list[int], src: int, name: str) -> tuple[list[int], torch.dtype]:
-    """(shape, dtype) of a received header; ValueError if it is not one of ours."""
-    code, ndim, *shape = header
-    ok = 0 <= code < len(DTYPES) and 0 <= ndim <= MAX_DIMS
-    if not ok or any(s < 0 for s in shape[:ndim]):
+def _parse(header: list[int], src: int, name: str) -> TensorSpec:
+    """The TensorSpec of a received header; ValueError if it is not one of ours."""
+    spec = TensorSpec.decode(header)
+    if spec is None or spec.dtype not in SENDABLE:
         raise ValueError(
             f"{name}: rank {src} sent {header}, not a send_tensor header: "
             "are its sends paired with this rank's receives?"
         )
-    return shape[:ndim], DTYPES[code]
+    return spec
 
 
 def _show(header: list[int]) -> str:
     """A header as the tensor it describes, e.g. "float32[4, 8]"."""
-    code, ndim, *shape = header
-    return f"{str(DTYPES[code]).removeprefix('torch.')}{shape[:ndim]}"
+    return str(TensorSpec.decode(header))
 
 
 def _mismatch(
@@ -151,7 +150,7 @@ def _transfer(
     _phase(header, got, g)
     if got:
         theirs = got[0][0].tolist()
-        shape, dtype = _parse(theirs, src, name)
+        arriving = _parse(theirs, src, name)
         want = want or theirs  # no expectation: accept what came
     # 2. acks: the receiver tells the sender what it expected
     ack = [(_blank(device), dst)] if header else []
@@ -165,7 +164,9 @@ def _transfer(
     if got and not recv_ok:
         errors.append(_mismatch(name, me, want, src, theirs))
     # 3. data, in each direction that was accepted; empty tensors need no message
-    result = torch.empty(shape, dtype=dtype, device=device) if recv_ok else None
+    result = None
+    if recv_ok:
+        result = torch.empty(arriving.shape, dtype=arriving.dtype, device=device)
     data = [(x.contiguous(), dst)] if send_ok and x.numel() else []
     into = [(result, src)] if recv_ok and result.numel() else []
     _phase(data, into, g)

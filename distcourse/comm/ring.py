@@ -157,7 +157,14 @@ def ring_all_reduce(
     alpha, to turn mismatched calls into a ValueError on every rank.
     """
     g = members(group, "ring_all_reduce")
-    key = agree("ring_all_reduce", tensor, group, lambda: reduce_op(op), "op", check)
+    key = agree(
+        "ring_all_reduce",
+        tensor,
+        group,
+        validate=lambda: reduce_op(op),
+        key_name="op",
+        check=check,
+    )
     reduce = reduce_fn(key)
     flat = tensor.reshape(-1)  # a view when tensor is contiguous
     if g.size > 1 and flat.numel():
@@ -184,12 +191,12 @@ def ring_all_gather(
     as_list = isinstance(output, list)
     outs = output if as_list else [output]
 
-    def local() -> int:
+    def outputs_fit() -> int:
         what = "ring_all_gather: output"
         _check_blocks(what, outs, as_list, g.size, tensor.numel(), tensor.dtype)
         return -1
 
-    agree("ring_all_gather", tensor, group, local, "", check)
+    agree("ring_all_gather", tensor, group, validate=outputs_fit, check=check)
     flats = [o.reshape(-1) for o in outs]
     slots = flats if as_list else list(torch.tensor_split(flats[0], g.size))
     slots[g.rank].copy_(tensor.reshape(-1))
@@ -217,12 +224,19 @@ def ring_reduce_scatter(
     as_list = isinstance(input, list)
     blocks = input if as_list else [input]
 
-    def local() -> int:
+    def inputs_fit_and_op() -> int:
         what = "ring_reduce_scatter: input"
         _check_blocks(what, blocks, as_list, g.size, output.numel(), output.dtype)
         return reduce_op(op)
 
-    key = agree("ring_reduce_scatter", output, group, local, "op", check)
+    key = agree(
+        "ring_reduce_scatter",
+        output,
+        group,
+        validate=inputs_fit_and_op,
+        key_name="op",
+        check=check,
+    )
     reduce = reduce_fn(key)
     work = torch.cat([b.reshape(-1) for b in blocks])  # a copy: input stays intact
     chunks = list(torch.tensor_split(work, g.size))  # N equal blocks
@@ -241,7 +255,14 @@ def naive_all_reduce(
     for the ring: the contrast that motivates rings. `check` as in ring_all_reduce.
     """
     g = members(group, "naive_all_reduce")
-    key = agree("naive_all_reduce", tensor, group, lambda: reduce_op(op), "op", check)
+    key = agree(
+        "naive_all_reduce",
+        tensor,
+        group,
+        validate=lambda: reduce_op(op),
+        key_name="op",
+        check=check,
+    )
     reduce = reduce_fn(key)
     flat = tensor.reshape(-1)
     if g.rank == 0 and flat.numel():

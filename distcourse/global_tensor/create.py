@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from distcourse.comm.spec import MAX_DIMS, TensorSpec
 from distcourse.global_tensor.placement import Placement
 from distcourse.global_tensor.sbp import (
     Broadcast,
@@ -32,8 +33,6 @@ from distcourse.global_tensor.sbp import (
     signature,
 )
 from distcourse.global_tensor.tensor import GlobalTensor, dual, rebox, watch_grad
-
-MAX_DIMS = 8
 
 
 def _factory(
@@ -109,13 +108,16 @@ def _logical(x: Tensor, pl: Placement, sig: Signature, what: str) -> tuple[int, 
     ValueError on every rank if they do not fit `sig`."""
     if x.dim() > MAX_DIMS:
         raise ValueError(f"{what}: at most {MAX_DIMS} dims")
-    row = [x.dim(), *x.shape, *[0] * (MAX_DIMS - x.dim())]
+    row = TensorSpec.of(x).encode()
     mine = torch.tensor(row, dtype=torch.int64, device=x.device)
     rows = [torch.empty_like(mine) for _ in range(dist.get_world_size(pl.flat))]
     dist.all_gather(rows, mine, group=pl.flat)
+    specs = [TensorSpec.decode(r) for r in torch.stack(rows).tolist()]
     by_rank = {
-        dist.get_global_rank(pl.flat, i) if pl.flat is not dist.group.WORLD else i: r
-        for i, r in enumerate(torch.stack(rows).tolist())
+        dist.get_global_rank(pl.flat, i) if pl.flat is not dist.group.WORLD else i: (
+            spec.shape  # type: ignore[union-attr]
+        )
+        for i, spec in enumerate(specs)
     }
     table = {
         tuple(c.tolist()): by_rank[int(pl.grid[tuple(c)])]
@@ -123,18 +125,18 @@ def _logical(x: Tensor, pl: Placement, sig: Signature, what: str) -> tuple[int, 
             -1, pl.ndim
         )
     }
-    nd = table[(0,) * pl.ndim][0]
-    shape = list(table[(0,) * pl.ndim][1 : 1 + nd])
+    shape = list(table[(0,) * pl.ndim])
+    nd = len(shape)
     for d in range(nd):  # sum the sizes along d over the mesh dims that split d
         splits = [k for k, s in enumerate(sig) if s == Split(d)]
         others = [k for k in range(pl.ndim) if k not in splits]
         if splits:
             rows = [r for c, r in table.items() if all(c[k] == 0 for k in others)]
-            shape[d] = sum(r[1 + d] for r in rows)
+            shape[d] = sum(r[d] for r in rows if len(r) == nd)
     for c, r in table.items():
         want = local_shape(shape, sig, pl.hierarchy, c)
-        if r[0] != nd or tuple(r[1 : 1 + nd]) != want:
-            got = [tuple(v[1 : 1 + v[0]]) for v in table.values()]
+        if tuple(r) != tuple(want):
+            got = list(table.values())
             raise ValueError(
                 f"{what}: the pieces' shapes {got} (by mesh coordinate) do not make "
                 f"one tensor under {describe(sig)}: split pieces must follow "

@@ -279,11 +279,11 @@ def _resized(call: Call, where: Callable[[int], int | None]) -> Decision:
     shape = call.out_shapes()[0]
     pl = call.placement
 
-    def local(x: Any, _size: Any, *rest: Any, **kw: Any) -> Any:
+    def resize_piece(x: Any, _size: Any, *rest: Any, **kw: Any) -> Any:
         size = local_shape(shape, decision.outs[0], pl.hierarchy, pl.coord)
         return call.func(x, list(size), *rest, **kw)
 
-    decision.local = local
+    decision.local = resize_piece
     return decision
 
 

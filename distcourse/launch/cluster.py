@@ -27,6 +27,7 @@ import ipyparallel as ipp
 from ipyparallel.cluster.launcher import LocalControllerLauncher, MPIEngineSetLauncher
 
 from distcourse import rendezvous, runtime
+from distcourse.arguments import positive_int
 
 DEFAULT_RANKS = 4  # on a CPU machine; a GPU box defaults to one rank per GPU
 # Engines become visible on the controller's heartbeat, so its period bounds how
@@ -176,8 +177,7 @@ def start(
     """
     global _current
     n = default_ranks() if n is None else n
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"number of ranks must be a positive integer, got {n!r}")
+    positive_int(n, "number of ranks")
     rendezvous.as_timedelta(timeout)
     runtime.pick_backend(0, n, backend)  # a bad backend fails here, not on n engines
     if _current is not None:

@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from distcourse.arguments import positive_int
 from distcourse.launch.watchdog import watch_parent
 from distcourse.rendezvous import LOOPBACK, as_timedelta, make_store, serve_store
 from distcourse.runtime import DEFAULT_TIMEOUT, RankError, init, shutdown
@@ -101,8 +102,7 @@ def spawn(
 
     import cloudpickle
 
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    positive_int(world_size, "world_size")
     as_timedelta(timeout)
     deadline = 2 * timeout + 30 if deadline is None else deadline
     ctx = _context()

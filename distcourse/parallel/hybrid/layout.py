@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distcourse.arguments import positive_int
 from distcourse.examples.gpt import GPTConfig
 from distcourse.mesh import Mesh
 from distcourse.runtime import DEFAULT_TIMEOUT, require_initialized
@@ -30,9 +31,7 @@ class Layout:
 
     def __post_init__(self) -> None:
         for axis in AXES:
-            n = getattr(self, axis)
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(f"{axis} must be a positive integer, got {n!r}")
+            positive_int(getattr(self, axis), axis)
 
     @property
     def world(self) -> int:
@@ -98,12 +97,7 @@ def check(
     for name, value in sizes:
         if value % layout.tp:
             raise ValueError(f"{name}={value} is not divisible by tp={layout.tp}")
-    if (
-        isinstance(micro_batches, bool)
-        or not isinstance(micro_batches, int)
-        or (micro_batches < 1)
-    ):
-        raise ValueError(f"micro_batches must be a positive int, got {micro_batches!r}")
+    positive_int(micro_batches, "micro_batches")
     if micro_batches > 1 and layout.pp == 1:
         raise ValueError(f"micro_batches={micro_batches} needs a pipeline: pp=1")
     if batch is not None:

@@ -135,7 +135,7 @@ class Pipeline:
         stages' .grad. Returns the batch's mean loss on the last stage's rank, None on
         the others. x is needed on the first stage's rank, target on the last's."""
         self.batch.start(x, target)  # the agreement runs while stage 0 computes
-        early = self.batch.local(x) if self.rank == self.rank_of(0) else None
+        early = self.batch.key_of(x) if self.rank == self.rank_of(0) else None
         if early is not None:
             try:  # the shapes x alone implies: fine, or the agreement raises below
                 self._shapes(early)

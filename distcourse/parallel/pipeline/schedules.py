@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distcourse.arguments import positive_int
+
 
 @dataclass(frozen=True)
 class Action:
@@ -62,8 +64,7 @@ class Schedule:
 
 def _check_sizes(name: str, p: int, m: int, v: int = 1) -> None:
     for label, n in (("ranks", p), ("micro_batches", m), ("stages per rank", v)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{name}: {label} must be a positive integer, got {n!r}")
+        positive_int(n, f"{name}: {label}")
 
 
 def gpipe(p: int, m: int) -> Schedule:

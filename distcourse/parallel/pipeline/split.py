@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from distcourse.arguments import positive_int
+
 
 def layers_of(model: nn.Module) -> list[nn.Module]:
     """The layers a split may cut between: the children of an nn.Sequential."""
@@ -26,8 +28,7 @@ def layers_of(model: nn.Module) -> list[nn.Module]:
 
 def check_count(layers: int, stages: int) -> None:
     """ValueError unless `stages` is a positive int no greater than `layers`."""
-    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-        raise ValueError(f"stages must be a positive integer, got {stages!r}")
+    positive_int(stages, "stages")
     if stages > layers:
         raise ValueError(
             f"cannot cut {layers} layers into {stages} stages: every stage needs at "

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
+from distcourse.arguments import positive_int
 from distcourse.parallel.pipeline.schedules import Action, Schedule, check
 
 
@@ -128,11 +129,8 @@ def zb_h1(p: int, m: int) -> Schedule:
     r W's come at the end, where 1F1B's rank r would wait for gradients. Every rank
     then holds at most p micro-batches (forward done, W not yet): 1F1B's peak, which
     1F1B reaches on rank 0 only. The formula zb_h1_bubble assumes m >= p."""
-    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in (p, m)):
-        raise ValueError(
-            f"ZB-H1: ranks and micro_batches must be positive integers, "
-            f"got {p!r}, {m!r}"
-        )
+    positive_int(p, "ZB-H1: ranks")
+    positive_int(m, "ZB-H1: micro_batches")
     acts = []
     for r in range(p):
         warm = min(p - r, m)

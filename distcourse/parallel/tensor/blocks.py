@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from distcourse.comm.agree import Group, members
-from distcourse.comm.autograd import copy_to_group, split_sizes
+from distcourse.comm.autograd import split_sizes
+from distcourse.parallel.tensor import edges
 from distcourse.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 
 
@@ -28,13 +29,15 @@ def _pair(
     sequence_parallel: bool,
     check: bool,
 ) -> tuple[ColumnParallelLinear, RowParallelLinear]:
-    """A column layer from `first` and a row layer from `second` (checked once)."""
+    """A column layer from `first` and a row layer from `second`: the pair decides
+    once, the column layer checking its input; the row layer's input is the column
+    layer's output, the same shape on every rank by construction."""
     col = ColumnParallelLinear.from_linear(
         first, group, sequence_parallel=sequence_parallel, check=check
     )
     row = RowParallelLinear.from_linear(
         second, group, sequence_parallel=sequence_parallel, check=False
-    )  # its input is col's output: the same shape on every rank by construction
+    )
     return col, row
 
 
@@ -151,8 +154,8 @@ class SequenceParallelLayerNorm(nn.LayerNorm):
 
     def forward(self, x: Tensor) -> Tensor:
         w, b = self.weight, self.bias
-        w = None if w is None else copy_to_group(w, self.group, check=False)
-        b = None if b is None else copy_to_group(b, self.group, check=False)
+        w = None if w is None else edges.f(w, self.group)
+        b = None if b is None else edges.f(b, self.group)
         return F.layer_norm(x, self.normalized_shape, w, b, self.eps)
 
 
@@ -172,4 +175,4 @@ class SequenceParallelPositions(nn.Embedding):
         """positions: (T,) for the whole sequence -> (T_r, C) for this rank's part."""
         sizes = split_sizes(positions.shape[0], self.tp.size)
         mine = positions.split(sizes)[self.tp.rank]
-        return F.embedding(mine, copy_to_group(self.weight, self.tp.group, check=False))
+        return F.embedding(mine, edges.f(self.weight, self.tp.group))

@@ -21,12 +21,9 @@ from torch import Tensor, nn
 from torch.types import Device
 
 from distcourse.comm.agree import Group, Members, agree, members
-from distcourse.comm.autograd import (
-    gather_from_group,
-    reduce_from_group,
-    reduce_scatter_along,
-)
-from distcourse.parallel.tensor.layers import check_keys, shard_size
+from distcourse.parallel.tensor import edges
+from distcourse.parallel.tensor.checkpoint import check_keys
+from distcourse.parallel.tensor.layers import shard_size
 
 
 def _check_ids(what: str, ids: Tensor, vocab: int) -> None:
@@ -68,13 +65,13 @@ class VocabParallelEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         self.tp = members(group, "VocabParallelEmbedding")
-        local = shard_size("num_embeddings", num_embeddings, self.tp)
+        rows = shard_size("num_embeddings", num_embeddings, self.tp)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.start = self.tp.rank * local  # first token this rank owns
+        self.start = self.tp.rank * rows  # first token this rank owns
         self.sequence_parallel = sequence_parallel
         self.seq_dim, self.check = seq_dim, check
         self.weight = nn.Parameter(
-            torch.randn(local, embedding_dim, dtype=dtype, device=device)
+            torch.randn(rows, embedding_dim, dtype=dtype, device=device)
         )
 
     @classmethod
@@ -91,25 +88,21 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         tp, name = self.tp, "VocabParallelEmbedding"
 
-        def local() -> int:
+        def ids_in_vocabulary() -> int:
             _check_ids(name, ids, self.num_embeddings)
             return -1
 
-        agree(name, ids, tp.group, local, "", self.check and tp.size > 1)
-        local, outside = _owned(ids, self.start, self.weight.shape[0])
-        part = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        agree(name, ids, tp.group, validate=ids_in_vocabulary, check=self.check)
+        mine, outside = _owned(ids, self.start, self.weight.shape[0])
+        part = F.embedding(mine, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
         if self.sequence_parallel:  # (B, T / N, C): my part of the sequence
-            return reduce_scatter_along(part, self.seq_dim, tp.group, check=False)
-        return reduce_from_group(part, tp.group, check=False)  # (B, T, C)
+            return edges.scatter_sequence(part, self.seq_dim, tp.group)
+        return edges.g(part, tp.group)  # (B, T, C)
 
     def full_state_dict(self) -> dict[str, Tensor]:
         """The whole table, gathered (a collective of the group)."""
         with torch.no_grad():
-            return {
-                "weight": gather_from_group(
-                    self.weight.detach(), 0, self.tp.group, check=False
-                )
-            }
+            return {"weight": edges.gather(self.weight.detach(), 0, self.tp.group)}
 
     def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
         """Keep this rank's rows of a full state dict (no messages)."""
@@ -179,7 +172,7 @@ def vocab_parallel_cross_entropy(
     tp = members(group, "vocab_parallel_cross_entropy")
     name = "vocab_parallel_cross_entropy"
 
-    def local() -> int:
+    def arguments_fit() -> int:
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(
                 f"{name}: reduction must be mean, sum or none, got {reduction!r}"
@@ -192,7 +185,7 @@ def vocab_parallel_cross_entropy(
         _check_ids(name, target, logits.shape[-1] * tp.size)
         return -1
 
-    agree(name, logits, group, local, "", check and tp.size > 1)
+    agree(name, logits, group, validate=arguments_fit, check=check)
     loss = (
         _CrossEntropy.apply(logits, target, tp)
         if tp.size > 1
