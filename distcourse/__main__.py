@@ -37,9 +37,10 @@ def check(world_size: int = 2) -> int:
     print(f"torch      {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")
     print(torchcompat.support_report())
     print(f"backends   gloo={dist.is_gloo_available()} nccl={dist.is_nccl_available()}")
-    print(f"GPUs       {gpus}" + "".join(
-        f"\n  cuda:{i}  {torch.cuda.get_device_name(i)}" for i in range(gpus)
-    ))  # fmt: skip
+    print(
+        f"GPUs       {gpus}"
+        + "".join(f"\n  cuda:{i}  {torch.cuda.get_device_name(i)}" for i in range(gpus))
+    )
     print("\n".join(envcheck.key_versions_report()))
     backend, device = runtime.pick_backend(0, world_size)
     print(f"{world_size} ranks would use {backend} on {device.type}")
@@ -48,8 +49,10 @@ def check(world_size: int = 2) -> int:
     took = time.perf_counter() - start
     expected = world_size * (world_size + 1) / 2
     ok = all(s == expected for s in sums)
-    print(f"all_reduce of rank+1 on {world_size} ranks: {sums} (expected {expected}) "
-          f"in {took:.2f} s -> {'OK' if ok else 'WRONG'}")  # fmt: skip
+    print(
+        f"all_reduce of rank+1 on {world_size} ranks: {sums} (expected {expected}) "
+        f"in {took:.2f} s -> {'OK' if ok else 'WRONG'}"
+    )
     return 0 if ok else 1
 
 

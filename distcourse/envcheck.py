@@ -163,13 +163,12 @@ def format_differences(differences: list[Difference], lock: Path) -> str:
     """A message for a reader whose notebook output differs: what, why, and the fix."""
     if not differences:
         return f"This environment matches {lock}."
-    width = max(len(d.name) for d in differences)
-    rows = [
-        f"  {d.name:<{width}}  "
-        f"{'not installed' if d.installed is None else 'installed ' + d.installed}, "
-        f"locked {d.locked}"
-        for d in differences
-    ]
+    width = max(len(package.name) for package in differences)
+    rows = []
+    for package in differences:
+        installed = package.installed
+        have = "not installed" if installed is None else f"installed {installed}"
+        rows.append(f"  {package.name:<{width}}  {have}, locked {package.locked}")
     count = len(differences)
     return "\n".join(
         [

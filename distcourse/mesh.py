@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from distcourse.arguments import positive_int
 from distcourse.rendezvous import as_timedelta
 from distcourse.runtime import DEFAULT_TIMEOUT, require_initialized
 from distcourse.torchcompat import set_group_timeout
@@ -177,8 +178,7 @@ def check_layout(
     if not shape:
         raise ValueError("a mesh needs at least one axis")
     for d in shape:
-        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-            raise ValueError(f"degrees must be positive integers, got {shape}")
+        positive_int(d, f"each of the degrees {shape}")
     if len(names) != len(shape):
         raise ValueError(
             f"{len(shape)} degrees {shape} but {len(names)} names {names}: "

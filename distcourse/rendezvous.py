@@ -18,13 +18,14 @@ import socket
 import psutil
 import torch.distributed as dist
 
+from distcourse.arguments import positive_int
+
 LOOPBACK = "127.0.0.1"  # single-host jobs listen and connect on this address only
 
 
 def check_rank(rank: int, world_size: int) -> None:
     """ValueError unless world_size >= 1 and 0 <= rank < world_size (both ints)."""
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    positive_int(world_size, "world_size")
     if not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank!r}")
 
@@ -57,9 +58,15 @@ def listen(host: str, port: int) -> int:
 def _serve(host: str, port: int, clients: int, timeout: float) -> dist.TCPStore:
     fd = listen(host, port)
     return dist.TCPStore(
-        host, port, clients, is_master=True, timeout=as_timedelta(timeout),
-        wait_for_workers=False, master_listen_fd=fd, use_libuv=True,
-    )  # fmt: skip
+        host,
+        port,
+        clients,
+        is_master=True,
+        timeout=as_timedelta(timeout),
+        wait_for_workers=False,
+        master_listen_fd=fd,
+        use_libuv=True,
+    )
 
 
 def make_store(
@@ -84,9 +91,13 @@ def make_store(
         if serve:
             return _serve(host, port, world_size, timeout)
         return dist.TCPStore(
-            host, port, world_size, is_master=False,
-            timeout=as_timedelta(timeout), wait_for_workers=False,
-        )  # fmt: skip
+            host,
+            port,
+            world_size,
+            is_master=False,
+            timeout=as_timedelta(timeout),
+            wait_for_workers=False,
+        )
     except (RuntimeError, OSError) as err:  # DistNetworkError is a RuntimeError
         text = str(err).lower()
         if serve and ("in use" in text or "bind" in text):

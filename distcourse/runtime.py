@@ -158,16 +158,28 @@ def init(
         keep_gloo_on_loopback()
     if store is None:
         store = make_store(rank, world_size, host, port, timeout)
-    _join(backend, device, timeout, threads, debug, store=store, rank=rank,
-          world_size=world_size)  # fmt: skip
+    _join(
+        backend,
+        device,
+        timeout,
+        threads,
+        debug,
+        store=store,
+        rank=rank,
+        world_size=world_size,
+    )
     _info = RankInfo(rank, world_size, local_rank, backend, device)
     return _info
 
 
 def _join(
-    backend: str, device: torch.device, timeout: float, threads: int | None,
-    debug: bool, **rendezvous: Any,
-) -> None:  # fmt: skip
+    backend: str,
+    device: torch.device,
+    timeout: float,
+    threads: int | None,
+    debug: bool,
+    **rendezvous: Any,
+) -> None:
     """Bind this rank to its device and create the default group (init's last step)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -221,9 +233,12 @@ def require_initialized() -> RankInfo:
         )
     if _info is None:  # initialised by someone else, e.g. plain torch code
         return RankInfo(
-            dist.get_rank(), dist.get_world_size(), dist.get_rank(),
-            dist.get_backend(), _device_of(dist.get_backend()),
-        )  # fmt: skip
+            dist.get_rank(),
+            dist.get_world_size(),
+            dist.get_rank(),
+            dist.get_backend(),
+            _device_of(dist.get_backend()),
+        )
     return _info
 
 

@@ -45,6 +45,12 @@ def torchrun(ranks: int) -> list[str]:
     """`-m torch.distributed.run` for `ranks` processes on this machine, with its
     rendezvous on a loopback port that nothing listens on now."""
     return [
-        "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-        "--master-addr", LOOPBACK, "--master-port", str(free_port()),
-    ]  # fmt: skip
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(ranks),
+        "--master-addr",
+        LOOPBACK,
+        "--master-port",
+        str(free_port()),
+    ]

@@ -2,24 +2,28 @@
 
 The import rules live in pyproject.toml ([tool.importlinter]) and are checked by
 import-linter; the rules it cannot express (no private name crosses a module, no
-module over 300 lines, strategies do not import each other) are an AST walk here.
+module over 300 lines of code, no `# fmt: skip` except on a literal table,
+strategies do not import each other) are an AST walk here.
 ARCHITECTURE.md explains the layers these tests hold in place.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import json
+import re
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "distcourse"
-MAX_LINES = 300
+MAX_CODE_LINES = 300  # lines of code: not blank, not a comment, not a docstring
 # modules of distcourse/parallel/ that are building blocks, not strategies
 SHARED = {"__init__", "replicas", "buckets", "compat", "hybrid"}
 
@@ -54,10 +58,133 @@ def test_import_linter_contracts_hold() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
 
 
+DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _docstring_lines(tree: ast.AST) -> set[int]:
+    """The lines of the module's, each class's and each function's docstring."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, DOCUMENTED):
+            first = node.body[0] if node.body else None
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                lines.update(range(first.lineno, first.end_lineno + 1))
+    return lines
+
+
+def code_lines(source: str) -> int:
+    """How many lines hold code: not blank, not only a comment, not a docstring.
+
+    The size rule counts ideas, not layout: a docstring that explains, a comment or
+    a blank line between steps never pushes a module over it, and packing code onto
+    fewer lines never helps it under.
+    """
+    layout = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT}
+    layout |= {tokenize.DEDENT, tokenize.ENCODING, tokenize.ENDMARKER}
+    lines: set[int] = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in layout:
+            lines.update(range(token.start[0], token.end[0] + 1))
+    return len(lines - _docstring_lines(ast.parse(source)))
+
+
+# 7 lines of code: X = [, 1, ], class A:, def f, return """..., no docstring"""
+SAMPLE = '''"""Module docstring,
+on two lines."""
+
+# a comment
+X = [
+    1,  # a trailing comment: the line holds code
+]
+
+
+class A:
+    """Class docstring."""
+
+    def f(self) -> str:
+        """Function docstring,
+
+        with a paragraph.
+        """
+        return """a string that is
+no docstring"""
+'''
+
+
+def test_code_lines_count_neither_docstrings_comments_nor_blanks() -> None:
+    assert code_lines(SAMPLE) == 7
+
+
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: _name(p))
 def test_no_module_is_longer_than_a_chapter_can_show(path: Path) -> None:
-    lines = len(path.read_text().splitlines())
-    assert lines <= MAX_LINES, f"{_name(path)} has {lines} lines (at most {MAX_LINES})"
+    lines = code_lines(path.read_text())
+    assert lines <= MAX_CODE_LINES, (
+        f"{_name(path)} has {lines} lines of code (at most {MAX_CODE_LINES}): "
+        "split it by idea (a strategy that needs more becomes a folder)"
+    )
+
+
+TABLE = "# fmt: skip  # table"  # the one way to keep ruff format off a statement
+FORMAT_PRAGMA = re.compile(r"(fmt|yapf)\s*:\s*(skip|off|on|disable|enable)")
+
+
+def _is_literal_table(node: ast.stmt | None) -> bool:
+    """An assignment of a list, tuple, dict or set of constants (ast.literal_eval)."""
+    if not isinstance(node, ast.Assign | ast.AnnAssign):
+        return False
+    if not isinstance(node.value, ast.List | ast.Tuple | ast.Dict | ast.Set):
+        return False
+    try:
+        ast.literal_eval(node.value)
+    except ValueError:
+        return False
+    return True
+
+
+def format_skips(source: str) -> list[str]:
+    """Each formatter pragma of `source` that is not a literal table marked `TABLE`.
+
+    `ruff format` decides the layout; a statement may keep its own only when it is
+    data whose rows mean something (a table of constants), never to pack code.
+    """
+    tree = ast.parse(source)
+    ends: dict[int, ast.stmt] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and node.end_lineno not in ends:
+            ends[node.end_lineno] = node  # the outermost statement ending there
+    found = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT and FORMAT_PRAGMA.search(token.string):
+            line = token.start[0]
+            if token.string != TABLE:
+                found.append(f"line {line}: {token.string!r} (only {TABLE!r})")
+            elif not _is_literal_table(ends.get(line)):
+                found.append(f"line {line}: marks no assignment of literal data")
+    return found
+
+
+def test_format_skips_are_only_for_literal_tables() -> None:
+    sample = "X = {\n  'a': 1, 'b': 2,\n}  # fmt: skip  # table\n"
+    assert format_skips(sample) == []
+    for bad in (
+        "x = f(1,\n      2)  # fmt: skip  # table\n",  # code, not data
+        "X = [f(1), 2]  # fmt: skip  # table\n",  # a call is not a constant
+        "X = [1,  2]  # fmt: skip\n",  # unmarked
+        "# fmt: off\nX = [1,  2]\n# fmt: on\n",
+    ):
+        assert format_skips(bad), bad
+    offences = [
+        f"{path.relative_to(ROOT)} {skip}"
+        for path in _modules() + sorted((ROOT / "tests").rglob("*.py"))
+        for skip in format_skips(path.read_text())
+    ]
+    assert not offences, "formatter pragmas on code, not tables:\n" + "\n".join(
+        offences
+    )
 
 
 def _private_uses(tree: ast.AST, own: str) -> list[str]:

@@ -24,8 +24,18 @@ def test_quick_json_run_prints_one_object_with_a_ratio() -> None:
 
 
 def test_table_lists_every_row() -> None:
-    rows = [dict(ranks=2, bytes=1024, torch_gbps=1.0, distcourse_gbps=0.5, ratio=0.5,
-                 ratio_min=0.25, ratio_max=0.75, runs=5)]  # fmt: skip
+    rows = [
+        dict(
+            ranks=2,
+            bytes=1024,
+            torch_gbps=1.0,
+            distcourse_gbps=0.5,
+            ratio=0.5,
+            ratio_min=0.25,
+            ratio_max=0.75,
+            runs=5,
+        )
+    ]
     lines = allreduce.table(rows).splitlines()
     assert len(lines) == 2
     want = ["2", "1", "KB", "1.000", "0.500", "0.50", "0.25-0.75", "5"]

@@ -17,8 +17,13 @@ def test_quick_json_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["benchmark"] == "hybrid" and report["ranks"] == 4
     rows = report["table"]
     assert [r["layout"] for r in rows] == [
-        "4x1x1", "2x2x1", "2x1x2", "1x4x1", "1x2x2", "1x1x4"
-    ]  # fmt: skip
+        "4x1x1",
+        "2x2x1",
+        "2x1x2",
+        "1x4x1",
+        "1x2x2",
+        "1x1x4",
+    ]
     assert all(r["step_ms"] > 0 and r["activations_kib"] > 0 for r in rows)
     assert [r["micro_batches"] for r in rows] == [1, 4, 1, 8, 4, 1]  # 2 per stage
     best = min(rows, key=lambda r: r["step_ms"])

@@ -16,12 +16,17 @@ def test_held_bytes_counts_a_storage_once() -> None:
 def test_bytes_held_equal_the_formula_and_views_save_the_gradients() -> None:
     rows = memory.run(width=32)
     assert [(r["impl"], r["view"]) for r in rows] == [
-        ("torch", False), ("torch", True), ("ours", False), ("ours", True),
-    ]  # fmt: skip
+        ("torch", False),
+        ("torch", True),
+        ("ours", False),
+        ("ours", True),
+    ]
     for row in rows:
         assert row["held"] == row["expected"], row
     p = rows[0]["parameters"]
-    saved = [sum(a["held"].values()) - sum(b["held"].values()) for a, b in
-             (rows[0:2], rows[2:4])]  # fmt: skip
+    saved = [
+        sum(a["held"].values()) - sum(b["held"].values())
+        for a, b in (rows[0:2], rows[2:4])
+    ]
     assert saved == [4 * p, 4 * p]
     assert "True" in memory.format_table(rows).splitlines()[1]

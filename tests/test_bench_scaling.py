@@ -33,9 +33,11 @@ def test_quick_run_measures_every_mode_and_world() -> None:
 
 def test_plot_draws_both_modes() -> None:
     cfg = scaling.Config()
-    times = {w: {m: [0.01 * w, 0.02 * w, 0.03 * w] for m in scaling.MODES}
-             for w in (1, 2)}  # fmt: skip
+    times = {
+        w: {m: [0.01 * w, 0.02 * w, 0.03 * w] for m in scaling.MODES} for w in (1, 2)
+    }
     fig = scaling.plot(scaling.summarize(times, cfg))
     assert [ax.get_title() for ax in fig.axes] == [
-        "strong scaling: fixed global batch", "weak scaling: fixed per-rank batch",
-    ]  # fmt: skip
+        "strong scaling: fixed global batch",
+        "weak scaling: fixed per-rank batch",
+    ]

@@ -57,42 +57,94 @@ class Case:
 
 
 CASES = [
-    Case("copy", ag.copy_to_group, lambda xs, n: xs, lambda s, n: (3, 4),
-         replicated_in=True),
-    Case("reduce", ag.reduce_from_group, lambda xs, n: [sum(xs)] * n,
-         lambda s, n: (3, 4), replicated_out=True),
-    Case("split 0", lambda x: ag.split_to_group(x, 0),
-         lambda xs, n: list(xs[0].tensor_split(n, 0)), lambda s, n: (7, 3),
-         replicated_in=True),
-    Case("split -1 of a transpose", lambda x: ag.split_to_group(x.t(), -1),
-         lambda xs, n: list(xs[0].t().tensor_split(n, -1)), lambda s, n: (9, 2),
-         replicated_in=True),
-    Case("gather 0", lambda x: ag.gather_from_group(x, 0),
-         lambda xs, n: [torch.cat(xs, 0)] * n, lambda s, n: (SIZES[s], 3),
-         replicated_out=True),
-    Case("gather 1", lambda x: ag.gather_from_group(x, 1),
-         lambda xs, n: [torch.cat(xs, 1)] * n,
-         lambda s, n: (2, ag.split_sizes(7, n)[s], 2), replicated_out=True),
-    Case("all_gather 0", lambda x: ag.all_gather_along(x, 0),
-         lambda xs, n: [torch.cat(xs, 0)] * n, lambda s, n: (SIZES[s], 3)),
-    Case("all_gather -1", lambda x: ag.all_gather_along(x, -1),
-         lambda xs, n: [torch.cat(xs, -1)] * n, lambda s, n: (3, SIZES[s])),
-    Case("reduce_scatter 0", lambda x: ag.reduce_scatter_along(x, 0),
-         lambda xs, n: list(sum(xs).tensor_split(n, 0)), lambda s, n: (7, 3)),
-    Case("reduce_scatter 1", lambda x: ag.reduce_scatter_along(x, 1),
-         lambda xs, n: list(sum(xs).tensor_split(n, 1)), lambda s, n: (2, 5, 2)),
-    Case("all_to_all heads->seq", lambda x: ag.all_to_all_along(x, 0, 1),
-         lambda xs, n: _a2a(xs, n, 0, 1), lambda s, n: (5, SIZES[s], 2)),
-    Case("all_to_all -1->0", lambda x: ag.all_to_all_along(x, -1, 0),
-         lambda xs, n: _a2a(xs, n, -1, 0), lambda s, n: (SIZES[s], 2, 3)),
-]  # fmt: skip
+    Case(
+        "copy",
+        ag.copy_to_group,
+        lambda xs, n: xs,
+        lambda s, n: (3, 4),
+        replicated_in=True,
+    ),
+    Case(
+        "reduce",
+        ag.reduce_from_group,
+        lambda xs, n: [sum(xs)] * n,
+        lambda s, n: (3, 4),
+        replicated_out=True,
+    ),
+    Case(
+        "split 0",
+        lambda x: ag.split_to_group(x, 0),
+        lambda xs, n: list(xs[0].tensor_split(n, 0)),
+        lambda s, n: (7, 3),
+        replicated_in=True,
+    ),
+    Case(
+        "split -1 of a transpose",
+        lambda x: ag.split_to_group(x.t(), -1),
+        lambda xs, n: list(xs[0].t().tensor_split(n, -1)),
+        lambda s, n: (9, 2),
+        replicated_in=True,
+    ),
+    Case(
+        "gather 0",
+        lambda x: ag.gather_from_group(x, 0),
+        lambda xs, n: [torch.cat(xs, 0)] * n,
+        lambda s, n: (SIZES[s], 3),
+        replicated_out=True,
+    ),
+    Case(
+        "gather 1",
+        lambda x: ag.gather_from_group(x, 1),
+        lambda xs, n: [torch.cat(xs, 1)] * n,
+        lambda s, n: (2, ag.split_sizes(7, n)[s], 2),
+        replicated_out=True,
+    ),
+    Case(
+        "all_gather 0",
+        lambda x: ag.all_gather_along(x, 0),
+        lambda xs, n: [torch.cat(xs, 0)] * n,
+        lambda s, n: (SIZES[s], 3),
+    ),
+    Case(
+        "all_gather -1",
+        lambda x: ag.all_gather_along(x, -1),
+        lambda xs, n: [torch.cat(xs, -1)] * n,
+        lambda s, n: (3, SIZES[s]),
+    ),
+    Case(
+        "reduce_scatter 0",
+        lambda x: ag.reduce_scatter_along(x, 0),
+        lambda xs, n: list(sum(xs).tensor_split(n, 0)),
+        lambda s, n: (7, 3),
+    ),
+    Case(
+        "reduce_scatter 1",
+        lambda x: ag.reduce_scatter_along(x, 1),
+        lambda xs, n: list(sum(xs).tensor_split(n, 1)),
+        lambda s, n: (2, 5, 2),
+    ),
+    Case(
+        "all_to_all heads->seq",
+        lambda x: ag.all_to_all_along(x, 0, 1),
+        lambda xs, n: _a2a(xs, n, 0, 1),
+        lambda s, n: (5, SIZES[s], 2),
+    ),
+    Case(
+        "all_to_all -1->0",
+        lambda x: ag.all_to_all_along(x, -1, 0),
+        lambda xs, n: _a2a(xs, n, -1, 0),
+        lambda s, n: (SIZES[s], 2, 3),
+    ),
+]
 
 
 def _forward_and_gradient() -> list[str]:
     n, me = dist.get_world_size(), dist.get_rank()
     for case in CASES:
-        leaves = [_ints(case.shape(s, n), seed=s).requires_grad_()
-                  for s in range(1 if case.replicated_in else n)]  # fmt: skip
+        leaves = [
+            _ints(case.shape(s, n), seed=s).requires_grad_()
+            for s in range(1 if case.replicated_in else n)
+        ]
         outs = case.ref(leaves * n if case.replicated_in else leaves, n)
         outs = outs[:1] if case.replicated_out else outs
         weights = [_ints(o.shape, seed=100 + r) for r, o in enumerate(outs)]
@@ -152,12 +204,15 @@ def _ledger_counts() -> list[tuple[Counter, Counter]]:
     """For each op: the dist calls of its forward and of its backward, by name."""
     x = _ints((4, 3), seed=1).requires_grad_()
     ops = [
-        lambda: ag.copy_to_group(x), lambda: ag.reduce_from_group(x),
-        lambda: ag.split_to_group(x, 0), lambda: ag.gather_from_group(x, 0),
-        lambda: ag.all_gather_along(x, 0), lambda: ag.reduce_scatter_along(x, 0),
+        lambda: ag.copy_to_group(x),
+        lambda: ag.reduce_from_group(x),
+        lambda: ag.split_to_group(x, 0),
+        lambda: ag.gather_from_group(x, 0),
+        lambda: ag.all_gather_along(x, 0),
+        lambda: ag.reduce_scatter_along(x, 0),
         lambda: ag.all_to_all_along(x, 0, 1),
         lambda: ag.all_gather_along(x, 0, check=False),
-    ]  # fmt: skip
+    ]
     counts = []
     for op in ops:
         with Ledger() as forward:
@@ -166,8 +221,9 @@ def _ledger_counts() -> list[tuple[Counter, Counter]]:
             out.sum().backward()
         if op is ops[0]:  # copy's backward all-reduces the whole gradient
             assert backward.bytes_sent("all_reduce") == 4 * 3 * 8
-        counts.append(tuple(Counter(r.op for r in led.records)
-                            for led in (forward, backward)))  # fmt: skip
+        counts.append(
+            tuple(Counter(r.op for r in led.records) for led in (forward, backward))
+        )
     return counts
 
 
@@ -201,7 +257,7 @@ def _mismatches() -> list[str]:
         lambda: ag.all_gather_along(torch.zeros(2, 3), 2 if odd else 1),  # bad dim
         lambda: ag.reduce_scatter_along(torch.zeros(4, 3), 1 if odd else 0),
         lambda: ag.all_to_all_along(torch.zeros(4, 2, 3), 0, 2 if odd else 1),
-    ]  # fmt: skip
+    ]
     errors = []
     for call in calls:
         with pytest.raises(ValueError) as err:
@@ -245,8 +301,12 @@ def _local_errors() -> dict[str, str]:
     x = torch.zeros(2, 3)
     for fn in (ag.copy_to_group, ag.reduce_from_group):
         assert fn(x) is x
-    for fn in (ag.split_to_group, ag.gather_from_group, ag.all_gather_along,
-               ag.reduce_scatter_along):  # fmt: skip
+    for fn in (
+        ag.split_to_group,
+        ag.gather_from_group,
+        ag.all_gather_along,
+        ag.reduce_scatter_along,
+    ):
         assert fn(x, 1) is x
     assert ag.all_to_all_along(x, 0, 1) is x
     errors = {}

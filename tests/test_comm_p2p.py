@@ -23,12 +23,20 @@ def _tensors() -> list[Tensor]:
     gen = torch.Generator().manual_seed(0)
     base = torch.randn(2, 3, 4, generator=gen)
     return [
-        base, base.double(), (base * 10).long(), base.bfloat16(), base.half(),
-        base > 0, base.to(torch.complex64), (base * 10).to(torch.int8),
-        torch.tensor(3.5), torch.empty(0), torch.empty(3, 0, 2, dtype=torch.int64),
+        base,
+        base.double(),
+        (base * 10).long(),
+        base.bfloat16(),
+        base.half(),
+        base > 0,
+        base.to(torch.complex64),
+        (base * 10).to(torch.int8),
+        torch.tensor(3.5),
+        torch.empty(0),
+        torch.empty(3, 0, 2, dtype=torch.int64),
         base.transpose(0, 2),  # not contiguous
         torch.arange(256.0).view([2] * 8),  # the most dims a header holds
-    ]  # fmt: skip
+    ]
 
 
 def _same(got: Tensor, want: Tensor) -> None:
@@ -99,9 +107,13 @@ def _mismatches() -> list[str]:
         lambda: _one_way(wide, narrow),
         lambda: _one_way(wide.double(), (wide.shape, torch.float32)),
         # a swap refused one way only: the other way still arrives, then both raise
-        lambda: p2p.send_recv(wide if me == 0 else torch.ones(2), 1 - me, 1 - me,
-                              expect=narrow if me == 1 else None),
-    ]  # fmt: skip
+        lambda: p2p.send_recv(
+            wide if me == 0 else torch.ones(2),
+            1 - me,
+            1 - me,
+            expect=narrow if me == 1 else None,
+        ),
+    ]
     for attempt in attempts:
         with pytest.raises(ValueError) as err:
             attempt()
@@ -197,8 +209,11 @@ def _ledgers() -> tuple[list[tuple], int, int]:
 def _swap(peer: int, size: int) -> list[tuple]:
     """send_recv's records: three batches (header, ack, data), a send and recv each."""
     h = HEADER_BYTES
-    return [("batch_isend_irecv", kind, n, peer)
-            for n in (h, h, size) for kind in ("send", "recv")]  # fmt: skip
+    return [
+        ("batch_isend_irecv", kind, n, peer)
+        for n in (h, h, size)
+        for kind in ("send", "recv")
+    ]
 
 
 def test_a_ledger_counts_header_ack_and_data_bytes() -> None:
@@ -206,15 +221,23 @@ def test_a_ledger_counts_header_ack_and_data_bytes() -> None:
     assert h == 80
     (sender, sent0, got0), (receiver, sent1, got1) = spawn(_ledgers, 2, timeout=10)
     assert sender == [
-        ("isend", "send", h, 1), ("irecv", "recv", h, 1), ("isend", "send", 128, 1),
-        ("isend", "send", h, 1), ("irecv", "recv", h, 1),  # empty: no data
+        # a tensor: its header, the ack, its 128 bytes
+        ("isend", "send", h, 1),
+        ("irecv", "recv", h, 1),
+        ("isend", "send", 128, 1),
+        # an empty tensor: its header, the ack, no data
+        ("isend", "send", h, 1),
+        ("irecv", "recv", h, 1),
         *_swap(1, 256),
-    ]  # fmt: skip
+    ]
     assert receiver == [
-        ("irecv", "recv", h, 0), ("isend", "send", h, 0), ("irecv", "recv", 128, 0),
-        ("irecv", "recv", h, 0), ("isend", "send", h, 0),
+        ("irecv", "recv", h, 0),
+        ("isend", "send", h, 0),
+        ("irecv", "recv", 128, 0),
+        ("irecv", "recv", h, 0),
+        ("isend", "send", h, 0),
         *_swap(0, 256),
-    ]  # fmt: skip
+    ]
     # two headers and 128 bytes one way, two acks back; the swap's 2h + 256 each way
     assert sent0 == got1 == (2 * h + 128) + (2 * h + 256) == 704
     assert got0 == sent1 == (2 * h) + (2 * h + 256) == 576
@@ -228,8 +251,9 @@ def _agree(width: int) -> tuple[str, list[tuple[str, int]]]:
     want = ((2, width if me == 0 else 8), torch.float32)
     with Ledger() as ledger:
         try:
-            p2p.agree_shapes([(mine, other, None, f"to {other}")],
-                             [(want, other, None, f"to {me}")])  # fmt: skip
+            p2p.agree_shapes(
+                [(mine, other, None, f"to {other}")], [(want, other, None, f"to {me}")]
+            )
             error = ""
         except ValueError as err:
             error = str(err)

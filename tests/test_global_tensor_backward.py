@@ -70,9 +70,7 @@ OPS: dict[str, tuple[Callable, list, int]] = {
 
 def _sigs(sig: tuple, shape: tuple[int, ...]) -> tuple:
     """`sig` for a tensor of `shape`: a split past its dims becomes B."""
-    return tuple(
-        B if s in (S0, S1) and s.dim >= len(shape) else s for s in sig
-    )  # fmt: skip
+    return tuple(B if s in (S0, S1) and s.dim >= len(shape) else s for s in sig)
 
 
 def _check_op(name: str, sigs: list[tuple], p: gt.Placement) -> list[str]:
@@ -116,11 +114,17 @@ BINARY = ["add", "sub", "mul", "mm", "add_rowsum"]
 def _apply(op: str, a: Tensor, b: Tensor) -> Tensor:
     """One op of a drawn program, on global or plain tensors alike."""
     table = {
-        "relu": lambda: torch.relu(a), "tanh": lambda: torch.tanh(a),
-        "neg": lambda: -a, "t": lambda: a.t(), "scale": lambda: a * 0.5,
-        "add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b,
-        "mm": lambda: a @ b, "add_rowsum": lambda: a + b.sum(0, keepdim=True),
-    }  # fmt: skip
+        "relu": lambda: torch.relu(a),
+        "tanh": lambda: torch.tanh(a),
+        "neg": lambda: -a,
+        "t": lambda: a.t(),
+        "scale": lambda: a * 0.5,
+        "add": lambda: a + b,
+        "sub": lambda: a - b,
+        "mul": lambda: a * b,
+        "mm": lambda: a @ b,
+        "add_rowsum": lambda: a + b.sum(0, keepdim=True),
+    }
     return table[op]()
 
 
@@ -171,9 +175,14 @@ def _property(ranks: list, examples: int) -> int:
     cands = ONE_D if p.ndim == 1 else TWO_D
     seen = []
 
-    @settings(derandomize=True, max_examples=examples, deadline=None, database=None,
-              phases=[Phase.explicit, Phase.generate],
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        derandomize=True,
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(programs(cands))
     def check(program: tuple) -> None:
         seen.append(program)
@@ -196,7 +205,7 @@ def _bad_input(world: int) -> list[str]:
         "gradient shape": lambda: (x * 2).backward(gt.ones(4, 5, placement=p, sbp=B)),
         "gradient placement": lambda: (x * 2).backward(
             gt.ones(4, 6, placement=other, sbp=(B, B))
-        ),  # fmt: skip
+        ),
         "grad_sbp dim": lambda: x.to_global(sbp=B, grad_sbp=gt.sbp.split(2)),
         "grad_sbp entries": lambda: x.to_global(sbp=B, grad_sbp=(B, B)),
         "to_local grad_sbp": lambda: x.to_local(grad_sbp=S1),

@@ -50,14 +50,26 @@ def _from_local() -> list:
     s = gt.to_global(piece, p, gt.sbp.split(0))
     b = gt.to_global(torch.full((2,), float(me)), p, gt.sbp.broadcast)
     q = gt.to_global(torch.full((2,), float(me + 1)), p, gt.sbp.partial_sum)
-    return [tuple(s.shape), s.full_tensor()[:, 0].tolist(), b.full_tensor().tolist(),
-            q.full_tensor().tolist(), str(s.sbp), str(s.placement)]  # fmt: skip
+    return [
+        tuple(s.shape),
+        s.full_tensor()[:, 0].tolist(),
+        b.full_tensor().tolist(),
+        q.full_tensor().tolist(),
+        str(s.sbp),
+        str(s.placement),
+    ]
 
 
 def test_to_global_reads_this_ranks_piece() -> None:
     got = spawn(_from_local, 2, timeout=20)
-    want = [(5, 2), [0.0, 0.0, 0.0, 1.0, 1.0], [0.0, 0.0], [3.0, 3.0], "(S(0),)",
-            'placement(type="cpu", ranks=[0, 1])']  # fmt: skip
+    want = [
+        (5, 2),
+        [0.0, 0.0, 0.0, 1.0, 1.0],
+        [0.0, 0.0],
+        [3.0, 3.0],
+        "(S(0),)",
+        'placement(type="cpu", ranks=[0, 1])',
+    ]
     assert got == [want, want]
 
 
@@ -72,7 +84,7 @@ def _errors() -> list[str]:
         "different placements": lambda: x + y,
         "split dim out of range": lambda: gt.randn(
             4, 4, placement=p, sbp=gt.sbp.split(2)
-        ),  # fmt: skip
+        ),
         "rank not in the world": lambda: gt.placement("cpu", ranks=[0, 5]),
         "ranks not increasing": lambda: gt.placement("cpu", ranks=[1, 0]),
         "unknown sbp": lambda: x.to_global(sbp="S(0)"),
@@ -80,7 +92,7 @@ def _errors() -> list[str]:
         "plain non-scalar tensor": lambda: x + torch.ones(4, 4),
         "pieces not tensor_split": lambda: gt.to_global(
             torch.ones(3 if me == 0 else 1, 4), p, gt.sbp.split(0)
-        ),  # fmt: skip
+        ),
         "random op without a rule": lambda: torch.nn.functional.dropout(x),
     }
     got = checks.outcomes(cases, (ValueError, NotImplementedError), with_type=True)
@@ -100,13 +112,16 @@ def test_bad_input_raises_on_every_rank_before_any_collective() -> None:
     for lines in got:
         assert_refused(
             lines,
-            "different placements", "split(2) is out of range",
-            "are not ranks of this world", "must increase",
-            "unknown SBP 'S(0)'", "has 2 entries but the placement is 1-D",
+            "different placements",
+            "split(2) is out of range",
+            "are not ranks of this world",
+            "must increase",
+            "unknown SBP 'S(0)'",
+            "has 2 entries but the placement is 1-D",
             "mixes a global tensor with a plain tensor of shape [4, 4]",
             "do not make one tensor under S(0)",
             "has no SBP rule",
-        )  # fmt: skip
+        )
         assert lines[-1] == "torch.Size([4, 4])"
     assert got[0][-2] == "rank not in placement: fine"
     assert "rank 1 is not in placement ranks [0]" in got[1][-2]

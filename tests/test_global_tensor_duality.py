@@ -35,8 +35,9 @@ def _formula(src: tuple, dst: tuple, p: gt.Placement) -> int:
     """Rank 0's bytes for boxing src -> dst, step by step (chapter 6's formula)."""
     total = 0
     for k, before, after in steps(src, dst):
-        held = local_shape(SHAPE, before[:k] + (B,) + before[k + 1 :], p.hierarchy,
-                           (0,) * p.ndim)  # fmt: skip
+        held = local_shape(
+            SHAPE, before[:k] + (B,) + before[k + 1 :], p.hierarchy, (0,) * p.ndim
+        )
         total += transfer_bytes(before[k], after[k], held, p.hierarchy[k], 4)
     return total
 
@@ -167,8 +168,13 @@ def _f_and_g() -> dict[str, int | bool]:
 def test_megatron_f_and_g_are_one_all_reduce_each() -> None:
     got = spawn(_f_and_g, 2, timeout=30)[0]
     # g: forward all_reduce of y (3 x 4); f: backward all_reduce of dx (3 x 4)
-    assert got == {"forward": 48, "backward": 48, "y": True, "same": True,
-                   "boxed in backward": 1}  # fmt: skip
+    assert got == {
+        "forward": 48,
+        "backward": 48,
+        "y": True,
+        "same": True,
+        "boxed in backward": 1,
+    }
 
 
 def _debug_select() -> list[str]:
@@ -204,8 +210,11 @@ def _from_local() -> dict[str, object]:
         summed = x.grad.clone()
         dist.all_reduce(summed)
         whole = torch.arange(8.0).reshape(4, 2)
-        out[name] = (ledger.bytes_sent("all_gather") > 0, torch.equal(x.grad, whole),
-                     torch.equal(summed, whole))  # fmt: skip
+        out[name] = (
+            ledger.bytes_sent("all_gather") > 0,
+            torch.equal(x.grad, whole),
+            torch.equal(summed, whole),
+        )
     try:
         gt.to_global(torch.ones(2, 2), p, S0, grad_sbp=B)
     except ValueError as err:

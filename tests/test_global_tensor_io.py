@@ -45,8 +45,10 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
 
 def _bad_ranks() -> list[str]:
     got = []
-    for fn in (lambda: gt.save({}, "x.pt", global_dst_rank=2),
-               lambda: gt.load("x.pt", global_src_rank=-1)):  # fmt: skip
+    for fn in (
+        lambda: gt.save({}, "x.pt", global_dst_rank=2),
+        lambda: gt.load("x.pt", global_src_rank=-1),
+    ):
         try:
             fn()
         except ValueError as err:

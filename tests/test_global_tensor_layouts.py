@@ -107,7 +107,7 @@ def _errors() -> list[str]:
         "missing": lambda: gt.parallelize(odd, p, {"weight": (B, B)}),
         "unknown": lambda: gt.parallelize(
             odd, p, {"weight": (B, B), "bias": (B, B), "fc.weight": (B, B)}
-        ),  # fmt: skip
+        ),
         "linear": lambda: layouts.dp_tp_plan(MLP(8), column=["drop"]),
         "type": lambda: gt.parallelize(odd, [[0, 1], [2, 3]], {}),
     }

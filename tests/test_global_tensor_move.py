@@ -23,10 +23,14 @@ from distcourse.launch import spawn
 
 SHAPE = (5, 3)
 S0, S1, B = gt.sbp.split(0), gt.sbp.split(1), gt.sbp.broadcast
-CASES = [([0, 1], (S0,), [2, 3], (S0,)), ([0, 1], (B,), [0, 1, 2, 3], (S1,)),
-         ([0, 1, 2, 3], (S0,), [0, 1], (B,)), ([2, 3], (S1,), [1, 2], (S0,)),
-         ([0, 1], (S0,), [[0, 1], [2, 3]], (S1, B)),
-         ([[0, 1], [2, 3]], (S0, S1), [1, 2], (S1,))]  # fmt: skip
+CASES = [
+    ([0, 1], (S0,), [2, 3], (S0,)),
+    ([0, 1], (B,), [0, 1, 2, 3], (S1,)),
+    ([0, 1, 2, 3], (S0,), [0, 1], (B,)),
+    ([2, 3], (S1,), [1, 2], (S0,)),
+    ([0, 1], (S0,), [[0, 1], [2, 3]], (S1, B)),
+    ([[0, 1], [2, 3]], (S0, S1), [1, 2], (S1,)),
+]
 
 
 def _ints(seed: int) -> Tensor:
@@ -109,6 +113,9 @@ def _errors() -> list[str]:
 def test_bad_input_raises_before_any_message() -> None:
     got = spawn(_errors, 4, timeout=10)
     for rank, lines in enumerate(got):
-        words = ["device types differ ('cpu' vs 'cuda')", "unknown SBP 'S(0)'",
-                 "must be a Placement"]  # fmt: skip
+        words = [
+            "device types differ ('cpu' vs 'cuda')",
+            "unknown SBP 'S(0)'",
+            "must be a Placement",
+        ]
         assert_refused(lines, *words, *(["is in neither"] if rank == 3 else []))

@@ -44,13 +44,13 @@ CASES: dict[str, tuple[Callable, list, list, object]] = {
         [(3, 4, 5), (2, 5), (2,)],
         [S0, B, B],
         B,
-    ),  # fmt: skip
+    ),
     "linear 3-D, sequence S1 (boxes)": (
         linear,
         [(4, 3, 5), (2, 5), (2,)],
         [S1, B, B],
         B,
-    ),  # fmt: skip
+    ),
     "add S0 S0": (torch.add, [(5, 3), (5, 3)], [S0, S0], S0),
     "add S1 + row B": (torch.add, [(5, 3), (3,)], [S1, B], S1),
     "add S0 + row B": (torch.add, [(5, 3), (3,)], [S0, B], S0),
@@ -79,7 +79,7 @@ CASES: dict[str, tuple[Callable, list, list, object]] = {
         [(5, 3), (5, 3)],
         [S0, S0],
         P,
-    ),  # fmt: skip
+    ),
     "mse_loss B": (F.mse_loss, [(5, 3), (5, 3)], [B, B], B),
     "cross_entropy S0": (_ce, [(5, 4), (5,)], [S0, S0], P),
     "cross_entropy classes S1 (boxes)": (_ce, [(5, 4), (5,)], [S1, B], B),
@@ -94,13 +94,13 @@ CASES_2D: dict[str, tuple[Callable, list, list, object]] = {
         [(6, 4), (5, 4), (5,)],
         [(S0, B), (B, S0), (B, S0)],
         (S0, S1),
-    ),  # fmt: skip
+    ),
     "dp x tp row": (
         linear,
         [(6, 4), (5, 4), (5,)],
         [(S0, S1), (B, S1), (B, B)],
         (S0, P),
-    ),  # fmt: skip
+    ),
     "mean (S0, S0)": (torch.mean, [(7, 3)], [(S0, S0)], (P, P)),
     "mse_loss (S0, S1)": (F.mse_loss, [(5, 3), (5, 3)], [(S0, S1), (S0, S1)], (P, P)),
     "cross_entropy (S0, S0)": (_ce, [(9, 4), (9,)], [(S0, S0), (S0, S0)], (P, P)),

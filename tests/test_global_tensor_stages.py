@@ -53,14 +53,17 @@ def _pipeline() -> dict:
         if step == STEPS - 1:  # the last step's gradients, before its update
             mine = dict(stages.module.named_parameters())
             theirs = dict(one[stages.stage].named_parameters())
-            got["grads"] = max((mine[n].grad.full_tensor() - theirs[n].grad)
-                               .abs().max().item() for n in mine)  # fmt: skip
+            got["grads"] = max(
+                (mine[n].grad.full_tensor() - theirs[n].grad).abs().max().item()
+                for n in mine
+            )
         opt.step()
         ref_opt.step()
     mine = dict(stages.module.named_parameters())
     theirs = dict(one[stages.stage].named_parameters())
-    got["params"] = max((mine[n].full_tensor() - theirs[n]).abs().max().item()
-                        for n in mine)  # fmt: skip
+    got["params"] = max(
+        (mine[n].full_tensor() - theirs[n]).abs().max().item() for n in mine
+    )
     got["sbp"] = layouts.signatures(stages.module)
     return got
 
@@ -102,9 +105,9 @@ def _errors() -> list[str]:
         "shape": lambda: gt.Stages(parts, [first, flat], plans),
         "plan": lambda: gt.Stages(parts, [first, second], [plans[0], {}]),
     }
-    ok = gt.Stages([MLP(C), MLP(C)], [first, gt.placement("cpu", ranks=[[4, 5],
-                                                                         [6, 7]])],
-                   plans)  # fmt: skip
+    ok = gt.Stages(
+        [MLP(C), MLP(C)], [first, gt.placement("cpu", ranks=[[4, 5], [6, 7]])], plans
+    )
     cases["batch"] = lambda: ok.step(
         torch.randn(6, C), torch.randn(6, C), F.mse_loss, micro_batches=2
     )

@@ -32,8 +32,11 @@ class ToyModel(nn.Module):
 def _train(model: nn.Module, data: list, opt: str = "sgd") -> list[float]:
     """The single-device loop: the same lines on global and plain tensors."""
     loss_fn = nn.MSELoss()
-    optimizer = (torch.optim.SGD(model.parameters(), lr=0.05) if opt == "sgd"
-                 else torch.optim.Adam(model.parameters(), lr=0.01))  # fmt: skip
+    optimizer = (
+        torch.optim.SGD(model.parameters(), lr=0.05)
+        if opt == "sgd"
+        else torch.optim.Adam(model.parameters(), lr=0.01)
+    )
     losses = []
     for x, y in data:
         loss = loss_fn(model(x), y)
@@ -58,8 +61,9 @@ def _data_parallel(opt: str) -> tuple[list, list, bool]:
     placement = gt.placement("cpu", ranks=list(range(dist.get_world_size())))
     torch.manual_seed(dist.get_rank())  # each rank inits differently: B takes rank 0
     model = gt.to_global(ToyModel(), placement, gt.sbp.broadcast)
-    data = _data(STEPS, lambda *s: gt.randn(*s, placement=placement,
-                                            sbp=gt.sbp.split(0)))  # fmt: skip
+    data = _data(
+        STEPS, lambda *s: gt.randn(*s, placement=placement, sbp=gt.sbp.split(0))
+    )
     losses = _train(model, data, opt)
     torch.manual_seed(0)
     ref = ToyModel()
@@ -100,9 +104,13 @@ def _model_parallel() -> tuple[list, list]:
     torch.manual_seed(10 + dist.get_rank())
     model = ModelParallelLinear(10, 8, placement)
     torch.manual_seed(0)
-    data = [(gt.randn(20, 10, placement=placement, sbp=gt.sbp.broadcast),
-             gt.randn(20, 8, placement=placement, sbp=gt.sbp.broadcast))
-            for _ in range(STEPS)]  # fmt: skip
+    data = [
+        (
+            gt.randn(20, 10, placement=placement, sbp=gt.sbp.broadcast),
+            gt.randn(20, 8, placement=placement, sbp=gt.sbp.broadcast),
+        )
+        for _ in range(STEPS)
+    ]
     losses = _train(model, data)
     ref = nn.Linear(10, 8)
     with torch.no_grad():  # the logical weight: every rank's rows, in rank order
@@ -141,8 +149,9 @@ def _dtensor() -> dict[str, bool | float]:
     }.items():
         whole = [gt.to_global(t, p, gt.sbp.broadcast) for t in (a, b)]
         ours = torch.mm(whole[0].to_global(sbp=sa), whole[1].to_global(sbp=sb))
-        theirs = torch.mm(distribute_tensor(a, mesh, [da]),
-                          distribute_tensor(b, mesh, [db]))  # fmt: skip
+        theirs = torch.mm(
+            distribute_tensor(a, mesh, [da]), distribute_tensor(b, mesh, [db])
+        )
         same_local = torch.allclose(ours.local_tensor, theirs.to_local(), atol=1e-6)
         out[name] = same_local and torch.allclose(
             ours.full_tensor(), theirs.full_tensor(), atol=1e-6
@@ -185,8 +194,10 @@ def _two_d() -> tuple[list, list]:
             gt.create.watch_grad(getattr(layer, name))
     torch.manual_seed(1)
     plain = [(torch.randn(6, 4), torch.randn(6, 4)) for _ in range(5)]
-    data = [tuple(gt.to_global(t, p, (b, b)).to_global(sbp=(s0, b)) for t in pair)
-            for pair in plain]  # fmt: skip
+    data = [
+        tuple(gt.to_global(t, p, (b, b)).to_global(sbp=(s0, b)) for t in pair)
+        for pair in plain
+    ]
     return _train(model, data), _train(ref, plain)
 
 
@@ -203,10 +214,12 @@ def _uneven_grad_sbp() -> list[str]:
     p = gt.placement("cpu", ranks=[0, 1])
     b, s0 = gt.sbp.broadcast, gt.sbp.split(0)
     x = gt.to_global(torch.ones(1, 4), p, b).requires_grad_()
-    return checks.outcomes({
-        "to_local": lambda: x.to_local(grad_sbp=s0),
-        "to_global": lambda: gt.to_global(torch.ones(1, 4), p, b, grad_sbp=s0),
-    })  # fmt: skip
+    return checks.outcomes(
+        {
+            "to_local": lambda: x.to_local(grad_sbp=s0),
+            "to_global": lambda: gt.to_global(torch.ones(1, 4), p, b, grad_sbp=s0),
+        }
+    )
 
 
 def test_a_grad_sbp_that_fits_only_some_pieces_fails_on_every_rank() -> None:

@@ -29,7 +29,7 @@ def _notebook_with_outputs() -> nbformat.NotebookNode:
                     "loss 0.1234, PASS rate 3 of 4\n"  # neither a verdict nor a claim
                 )
             ],
-        ),  # fmt: skip
+        ),
         new_code_cell(
             "",
             outputs=[
@@ -40,7 +40,7 @@ def _notebook_with_outputs() -> nbformat.NotebookNode:
                     execution_count=1,
                 ),
             ],
-        ),  # fmt: skip
+        ),
     ]
     return nb
 
@@ -162,11 +162,12 @@ def test_dry_run_executes_copies_and_reports(tmp_path, monkeypatch, capsys) -> N
     """Real kernels: cell errors and failed verdicts fail the run, the stored
     notebooks stay as they were, the executed copies land in --out."""
     good = _chapter(
-        tmp_path, "01_good",
+        tmp_path,
+        "01_good",
         "import os; print('device:', os.environ['DISTCOURSE_DEVICE'] == 'cpu')",
         "print('max |a - b| <= 1e-06: PASS')",
         "raise ValueError('shown on purpose')",
-    )  # fmt: skip
+    )
     good_nb = nbformat.read(good, as_version=4)
     good_nb.cells[2].metadata["tags"] = ["raises-exception"]  # an error on purpose
     nbformat.write(good_nb, good)

@@ -52,8 +52,10 @@ def test_a_rank_that_prints_nothing_folds_nothing_and_keeps_its_column() -> None
     rows = fold(outputs)
     assert rows == [PerRank((("same",), ("same",), (), ("same",)))]
     assert to_text(rows).splitlines() == [
-        "[rank 0] same", "[rank 1] same", "[rank 3] same"
-    ]  # fmt: skip
+        "[rank 0] same",
+        "[rank 1] same",
+        "[rank 3] same",
+    ]
     page = to_html(rows, 4)
     assert page.count("<th ") == 4 and "rank 2</th>" in page
     assert page.count("<td") == 4  # rank 2's column is there, empty
@@ -115,13 +117,19 @@ def test_show_lays_out_texts_or_line_lists_of_each_rank(
 ) -> None:
     show(["loss 1.5\nsame\n", ["loss 1.2", "same"]])  # outside IPython: text/plain
     assert capsys.readouterr().out.splitlines() == [
-        "[rank 0] loss 1.5", "[rank 1] loss 1.2", "[all ranks] same"
-    ]  # fmt: skip
+        "[rank 0] loss 1.5",
+        "[rank 1] loss 1.2",
+        "[all ranks] same",
+    ]
     show([["a\nb", 3], ["a", "b", "3"], []])  # a line with newlines is several
     assert capsys.readouterr().out.splitlines() == [
-        "[rank 0] a", "[rank 0] b", "[rank 0] 3", "[rank 1] a", "[rank 1] b",
+        "[rank 0] a",
+        "[rank 0] b",
+        "[rank 0] 3",
+        "[rank 1] a",
+        "[rank 1] b",
         "[rank 1] 3",
-    ]  # fmt: skip
+    ]
 
 
 def test_show_refuses_what_is_not_one_output_per_rank() -> None:

@@ -93,10 +93,13 @@ def test_axis_groups_match_the_hand_grid(shape: tuple, names: tuple) -> None:
             prev = group[i - 1] if i > 0 else None
             nxt = group[i + 1] if i < len(group) - 1 else None
             want = dict(
-                size=shape[axis], ranks=group, local_rank=i, sum=float(sum(group)),
+                size=shape[axis],
+                ranks=group,
+                local_rank=i,
+                sum=float(sum(group)),
                 line=(prev, nxt),
                 ring=(group[(i - 1) % len(group)], group[(i + 1) % len(group)]),
-            )  # fmt: skip
+            )
             if world == 4 and rank in SLICERS:
                 want["sub"] = group
             assert got[name] == want
@@ -131,9 +134,9 @@ def test_wrong_world_size_raises_before_any_group() -> None:
         ((2, 2), ("dp", "dp"), "unique"),
         ((2, 2), ("dp",), "one name per axis"),
         ((2,), ("dp", "tp"), "one name per axis"),
-        ((2, 0), ("dp", "tp"), "positive integers"),
-        ((2, True), ("dp", "tp"), "positive integers"),
-        ((2.0,), ("dp",), "positive integers"),
+        ((2, 0), ("dp", "tp"), "must be a positive integer"),
+        ((2, True), ("dp", "tp"), "must be a positive integer"),
+        ((2.0,), ("dp",), "must be a positive integer"),
         ((2,), ("",), "non-empty strings"),
         ((2,), (3,), "non-empty strings"),
         ((), (), "at least one axis"),

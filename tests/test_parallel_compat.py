@@ -45,8 +45,9 @@ def test_signature_is_torchs_argument_for_argument() -> None:
             want = None  # resolved to True while forward_sync_buffers is None
         assert p.default == want, p.name
     assert [p.name for p in ours.values() if p.kind == p.KEYWORD_ONLY] == [
-        "check_equal", "group",
-    ]  # fmt: skip
+        "check_equal",
+        "group",
+    ]
 
 
 def _options(module: nn.Module | None = None, **given: object) -> compat.DDPOptions:
@@ -214,8 +215,10 @@ def _hook_runs() -> dict:
     ) -> torch.futures.Future[torch.Tensor]:
         grads, params, buffer = bucket.gradients(), bucket.parameters(), bucket.buffer()
         views = all(g.shape == p.shape for g, p in zip(grads, params, strict=True))
-        inside = all(g.untyped_storage().data_ptr() ==
-                     buffer.untyped_storage().data_ptr() for g in grads)  # fmt: skip
+        inside = all(
+            g.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+            for g in grads
+        )
         sizes.append(
             (bucket.index(), bucket.is_last(), buffer.numel(), views and inside)
         )

@@ -57,17 +57,33 @@ def test_layouts_of_eight_ranks() -> None:
     [
         (hybrid.Layout(2, 2, 2), CFG, dict(world=4), "= 8 ranks, but the world has 4"),
         (hybrid.Layout(1, 3, 1), CFG, {}, "n_layer=2 blocks do not divide into pp=3"),
-        (hybrid.Layout(1, 1, 3), GPTConfig(vocab=66, n_head=4, n_embd=36), {},
-         "n_head=4 is not divisible by tp=3"),
-        (hybrid.Layout(1, 1, 4), GPTConfig(vocab=66), {},
-         "vocab=66 is not divisible by tp=4"),
+        (
+            hybrid.Layout(1, 1, 3),
+            GPTConfig(vocab=66, n_head=4, n_embd=36),
+            {},
+            "n_head=4 is not divisible by tp=3",
+        ),
+        (
+            hybrid.Layout(1, 1, 4),
+            GPTConfig(vocab=66),
+            {},
+            "vocab=66 is not divisible by tp=4",
+        ),
         (hybrid.Layout(3, 1, 1), CFG, dict(batch=8), "does not split into dp=3"),
-        (hybrid.Layout(2, 2, 1), CFG, dict(batch=8, micro_batches=3),
-         "does not split into 3 micro-batches"),
-        (hybrid.Layout(2, 1, 1), CFG, dict(micro_batches=2),
-         "micro_batches=2 needs a pipeline: pp=1"),
+        (
+            hybrid.Layout(2, 2, 1),
+            CFG,
+            dict(batch=8, micro_batches=3),
+            "does not split into 3 micro-batches",
+        ),
+        (
+            hybrid.Layout(2, 1, 1),
+            CFG,
+            dict(micro_batches=2),
+            "micro_batches=2 needs a pipeline: pp=1",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_layouts_are_refused_naming_the_degree(
     layout: hybrid.Layout, cfg: GPTConfig, options: dict, message: str
 ) -> None:

@@ -24,8 +24,13 @@ def _wire(handshake: str) -> list[tuple[int, int]]:
     """Point-to-point (bytes sent, messages sent) of this rank, step by step."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(4)])
-    pipe = pp.Pipeline(pp.split_by_count(model, 2), pp.one_f_one_b(2, M),
-                       F.mse_loss, timeout=10, handshake=handshake)  # fmt: skip
+    pipe = pp.Pipeline(
+        pp.split_by_count(model, 2),
+        pp.one_f_one_b(2, M),
+        F.mse_loss,
+        timeout=10,
+        handshake=handshake,
+    )
     x, y = torch.randn(M * MICRO, WIDTH), torch.randn(M * MICRO, WIDTH)
     out = []
     for _ in range(2):
@@ -55,8 +60,9 @@ def _disagree() -> tuple[str, list[int]]:
     """The ranks cut different models: each infers its own shapes, so they differ."""
     width = 6 if dist.get_rank() == 0 else 4
     model = nn.Sequential(nn.Linear(WIDTH, width), nn.Linear(width, WIDTH))
-    pipe = pp.Pipeline(pp.split_by_count(model, 2), pp.one_f_one_b(2, M), F.mse_loss,
-                       timeout=10)  # fmt: skip
+    pipe = pp.Pipeline(
+        pp.split_by_count(model, 2), pp.one_f_one_b(2, M), F.mse_loss, timeout=10
+    )
     x, y = torch.randn(M * MICRO, WIDTH), torch.randn(M * MICRO, WIDTH)
     with Ledger() as ledger, pytest.raises(ValueError) as err:
         pipe.step(x, y)
@@ -95,8 +101,12 @@ def _lies() -> str:
 
 def test_a_stage_that_breaks_its_shape_fails_before_sending() -> None:
     e0, e1 = spawn(_lies, 2, timeout=3, deadline=40)
-    assert e0 == ("ValueError: stage 0 (rank 0), F of micro-batch 0: it produced "
-                  "float32[2, 7], not the float32[2, 8] agreed with rank 1; nothing "
-                  "was sent")  # fmt: skip
-    assert e1.startswith("RuntimeError: stage 1 (rank 1), F of micro-batch 0: "
-                         "waiting for an activation from rank 0: ")  # fmt: skip
+    assert e0 == (
+        "ValueError: stage 0 (rank 0), F of micro-batch 0: it produced "
+        "float32[2, 7], not the float32[2, 8] agreed with rank 1; nothing "
+        "was sent"
+    )
+    assert e1.startswith(
+        "RuntimeError: stage 1 (rank 1), F of micro-batch 0: "
+        "waiting for an activation from rank 0: "
+    )

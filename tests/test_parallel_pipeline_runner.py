@@ -104,11 +104,13 @@ def _bad_input() -> dict[str, str]:
     errors = {}
     cases = {
         "split": lambda: pp.split_by_count(model, 9),
-        "stages": lambda: pp.Pipeline(pp.split_by_count(model, 3),
-                                      pp.one_f_one_b(2, 4), F.mse_loss),
-        "ranks": lambda: pp.Pipeline(pp.split_by_count(model, 4),
-                                     pp.one_f_one_b(4, 4), F.mse_loss),
-    }  # fmt: skip
+        "stages": lambda: pp.Pipeline(
+            pp.split_by_count(model, 3), pp.one_f_one_b(2, 4), F.mse_loss
+        ),
+        "ranks": lambda: pp.Pipeline(
+            pp.split_by_count(model, 4), pp.one_f_one_b(4, 4), F.mse_loss
+        ),
+    }
     with Ledger() as ledger:
         for name, call in cases.items():
             with pytest.raises(ValueError) as err:
@@ -117,11 +119,13 @@ def _bad_input() -> dict[str, str]:
     assert ledger.records == []  # refused before any group or message
     narrow = nn.Sequential(nn.Linear(8, 6), nn.Linear(8, 8))  # 6 out, 8 in
     pipes = {
-        "micro": pp.Pipeline(pp.split_by_count(model, 2), pp.one_f_one_b(2, 4),
-                             F.mse_loss, timeout=5),
-        "fit": pp.Pipeline(pp.split_by_count(narrow, 2), pp.one_f_one_b(2, 4),
-                           F.mse_loss, timeout=5),
-    }  # fmt: skip
+        "micro": pp.Pipeline(
+            pp.split_by_count(model, 2), pp.one_f_one_b(2, 4), F.mse_loss, timeout=5
+        ),
+        "fit": pp.Pipeline(
+            pp.split_by_count(narrow, 2), pp.one_f_one_b(2, 4), F.mse_loss, timeout=5
+        ),
+    }
     steps = {
         "batch": lambda: pipes["micro"].step(x[:7], y[:7]),
         "target": lambda: pipes["micro"].step(x, None),
@@ -144,15 +148,19 @@ def test_bad_input_fails_on_every_rank_before_any_send() -> None:
     assert time.monotonic() - start < 60
     assert errors[0] == errors[1]
     e = errors[0]
-    assert e["split"] == ("cannot cut 8 layers into 9 stages: every stage needs at "
-                          "least one layer")  # fmt: skip
+    assert e["split"] == (
+        "cannot cut 8 layers into 9 stages: every stage needs at least one layer"
+    )
     assert "3 stages for 2 ranks x 1 stages per rank = 2" in e["stages"]
     assert e["ranks"] == "schedule '1F1B' is for 4 ranks, the group has 2"
-    assert e["batch"] == ("stage 0 (rank 0): a batch of 7 does not split into 4 "
-                          "equal micro-batches")  # fmt: skip
+    assert e["batch"] == (
+        "stage 0 (rank 0): a batch of 7 does not split into 4 equal micro-batches"
+    )
     assert e["target"] == "stage 1 (rank 1) needs the target batch"
-    assert e["fit"].startswith("stage 1 (rank 1) cannot take the output of stage 0 "
-                               "(rank 0), float32[2, 6]: RuntimeError")  # fmt: skip
+    assert e["fit"].startswith(
+        "stage 1 (rank 1) cannot take the output of stage 0 "
+        "(rank 0), float32[2, 6]: RuntimeError"
+    )
 
 
 class Leave(Exception):
@@ -170,8 +178,9 @@ def _leaves(calls: list[int]) -> str:
             raise Leave("gone")
         return F.mse_loss(out, target)
 
-    pipe = pp.Pipeline(pp.split_by_count(_model(), 2), pp.one_f_one_b(2, 4), loss_fn,
-                       timeout=3)  # fmt: skip
+    pipe = pp.Pipeline(
+        pp.split_by_count(_model(), 2), pp.one_f_one_b(2, 4), loss_fn, timeout=3
+    )
     with pytest.raises(RuntimeError) as err:
         pipe.step(x, y)
     if me == 1:
@@ -198,8 +207,9 @@ def _dies() -> None:
 
         os._exit(3)
 
-    pipe = pp.Pipeline(pp.split_by_count(_model(), 2), pp.gpipe(2, 2), loss_fn,
-                       timeout=3)  # fmt: skip
+    pipe = pp.Pipeline(
+        pp.split_by_count(_model(), 2), pp.gpipe(2, 2), loss_fn, timeout=3
+    )
     pipe.step(*_batch())
 
 
@@ -221,8 +231,9 @@ def _inputs_first() -> dict:
     losses = {}
     for inputs in ("every", "first"):
         stages = pp.split_by_count(_model(), 2)
-        pipe = pp.Pipeline(stages, pp.one_f_one_b(2, 4), F.mse_loss, timeout=5,
-                           inputs=inputs)  # fmt: skip
+        pipe = pp.Pipeline(
+            stages, pp.one_f_one_b(2, 4), F.mse_loss, timeout=5, inputs=inputs
+        )
         with Ledger() as ledger:
             got = [pipe.step(x, y) for _ in range(3)]
         losses[inputs] = [None if g is None else g.item() for g in got]
@@ -251,5 +262,9 @@ def test_inputs_agreed_once_give_the_same_losses_with_fewer_messages() -> None:
 
 def test_inputs_must_be_every_or_first() -> None:
     with pytest.raises(ValueError, match="inputs must be 'every' or 'first'"):
-        pp.Pipeline(pp.split_by_count(_model(), 2), pp.one_f_one_b(2, 2),
-                    F.mse_loss, inputs="never")  # fmt: skip
+        pp.Pipeline(
+            pp.split_by_count(_model(), 2),
+            pp.one_f_one_b(2, 2),
+            F.mse_loss,
+            inputs="never",
+        )

@@ -9,11 +9,17 @@ from distcourse.parallel.pipeline import schedules as S
 
 
 @pytest.mark.parametrize(
-    "make", [lambda: S.gpipe(4, 6), lambda: S.one_f_one_b(4, 6),
-             lambda: S.one_f_one_b(4, 2), lambda: S.interleaved(2, 4, 2),
-             lambda: S.interleaved(4, 8, 2), lambda: S.interleaved(4, 4, 3)],
+    "make",
+    [
+        lambda: S.gpipe(4, 6),
+        lambda: S.one_f_one_b(4, 6),
+        lambda: S.one_f_one_b(4, 2),
+        lambda: S.interleaved(2, 4, 2),
+        lambda: S.interleaved(4, 8, 2),
+        lambda: S.interleaved(4, 4, 3),
+    ],
     ids=["gpipe", "1f1b", "1f1b-m<p", "int-2", "int-4", "int-m=p"],
-)  # fmt: skip
+)
 def test_every_schedule_is_complete_ordered_and_deadlock_free(make) -> None:
     s = make()
     S.check(s)  # each F and B once, F before B, transfers in matching order
@@ -50,8 +56,9 @@ def test_interleaved_follows_megatrons_order() -> None:
 )
 def test_the_bubble_on_paper_is_the_formula(p: int, m: int, v: int) -> None:
     # equal stages, instant transfers: (p - 1) / (v m + p - 1) of the ranks' time
-    for s in ([S.gpipe(p, m), S.one_f_one_b(p, m)] if v == 1
-              else [S.interleaved(p, m, v)]):  # fmt: skip
+    for s in (
+        [S.gpipe(p, m), S.one_f_one_b(p, m)] if v == 1 else [S.interleaved(p, m, v)]
+    ):
         runs = S.simulate(s, forward=1.0, backward=2.0)
         end = max(e for acts in runs for _, _, e in acts)
         busy = sum(e - b for acts in runs for _, b, e in acts)
@@ -64,23 +71,55 @@ def test_bad_sizes_and_schedules_are_refused() -> None:
     with pytest.raises(ValueError, match="micro_batches must be a positive integer"):
         S.gpipe(2, 0)
     good = S.one_f_one_b(2, 2)
-    swapped = S.Schedule("swapped", 2, 2, 1, (good.actions[0], (
-        S.Action("F", 1, 1), S.Action("F", 1, 0),
-        S.Action("B", 1, 0), S.Action("B", 1, 1))))  # fmt: skip
-    with pytest.raises(ValueError, match=r"transfers \('F', 0, 1\) are sent in the "
-                       r"order \[\(0, 0\), \(0, 1\)\] but received in"):  # fmt: skip
+    swapped = S.Schedule(
+        "swapped",
+        2,
+        2,
+        1,
+        (
+            good.actions[0],
+            (
+                S.Action("F", 1, 1),
+                S.Action("F", 1, 0),
+                S.Action("B", 1, 0),
+                S.Action("B", 1, 1),
+            ),
+        ),
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"transfers \('F', 0, 1\) are sent in the "
+        r"order \[\(0, 0\), \(0, 1\)\] but received in",
+    ):
         S.check(swapped)
-    early = S.Schedule("early", 2, 1, 1, (
-        (S.Action("B", 0, 0), S.Action("F", 0, 0)), good.actions[1][:0] + (
-        S.Action("F", 1, 0), S.Action("B", 1, 0))))  # fmt: skip
+    early = S.Schedule(
+        "early",
+        2,
+        1,
+        1,
+        (
+            (S.Action("B", 0, 0), S.Action("F", 0, 0)),
+            good.actions[1][:0] + (S.Action("F", 1, 0), S.Action("B", 1, 0)),
+        ),
+    )
     with pytest.raises(ValueError, match="rank 0 runs B0.0 before its forward"):
         S.check(early)
     # complete and ordered, but rank 0 waits for B1.0, which waits for F0.1
     A = S.Action
-    waits = S.Schedule("waits", 2, 2, 1, (
-        (A("F", 0, 0), A("B", 0, 0), A("F", 0, 1), A("B", 0, 1)),
-        (A("F", 1, 0), A("F", 1, 1), A("B", 1, 0), A("B", 1, 1))))  # fmt: skip
+    waits = S.Schedule(
+        "waits",
+        2,
+        2,
+        1,
+        (
+            (A("F", 0, 0), A("B", 0, 0), A("F", 0, 1), A("B", 0, 1)),
+            (A("F", 1, 0), A("F", 1, 1), A("B", 1, 0), A("B", 1, 1)),
+        ),
+    )
     S.check(waits)
-    with pytest.raises(ValueError, match=r"deadlock, ranks wait at \{0: 'B0.0', "
-                       r"1: 'F1.1'\}"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"deadlock, ranks wait at \{0: 'B0.0', "
+        r"1: 'F1.1'\}",
+    ):
         S.simulate(waits)

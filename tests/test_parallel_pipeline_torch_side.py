@@ -27,8 +27,11 @@ def _ours_and_torchs(m: int) -> dict[str, tuple]:
     p = dist.get_world_size()
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(8, 8, generator=gen), torch.randn(8, 8, generator=gen)
-    ours = {"GPipe": pp.gpipe(p, m), "1F1B": pp.one_f_one_b(p, m),
-            "interleaved 1F1B": pp.interleaved(p, m, 2)}  # fmt: skip
+    ours = {
+        "GPipe": pp.gpipe(p, m),
+        "1F1B": pp.one_f_one_b(p, m),
+        "interleaved 1F1B": pp.interleaved(p, m, 2),
+    }
     out = {}
     for name, schedule in ours.items():
         a, b = (pp.split_by_count(_model(), schedule.stages) for _ in range(2))
@@ -75,12 +78,16 @@ def _zero_bubble(m: int) -> dict[str, tuple]:
         stages = pp.split_by_count(_model(), 2 * p)
         theirs = TorchPipeline(stages, name, m, F.mse_loss)
         loss = theirs.step(x, y)
-        diff = max((a.grad - b.grad).abs().max().item()
-                   for s in theirs.mine
-                   for a, b in zip(stages[s].parameters(), ref[s].parameters(),
-                                   strict=True))  # fmt: skip
-        out[name] = (theirs.mine, None if loss is None else abs(loss - want).item(),
-                     diff)  # fmt: skip
+        diff = max(
+            (a.grad - b.grad).abs().max().item()
+            for s in theirs.mine
+            for a, b in zip(stages[s].parameters(), ref[s].parameters(), strict=True)
+        )
+        out[name] = (
+            theirs.mine,
+            None if loss is None else abs(loss - want).item(),
+            diff,
+        )
     with pytest.raises(ValueError) as err:  # a V needs 2 stages per rank
         TorchPipeline(pp.split_by_count(_model(), 3), "DualPipeV", m, F.mse_loss)
     out["refused"] = str(err.value)
@@ -93,8 +100,9 @@ def test_torch_zero_bubble_schedules_equal_one_process_on_gloo() -> None:
         assert results[0]["ZBV zero bubble"][0] == [0, 3]
         assert results[1]["DualPipeV"][0] == [1, 2]
     assert results[0]["interleaved zero bubble"][0] == [0, 2]
-    assert results[0]["refused"] == ("DualPipeV runs two stages per rank (a V): 3 "
-                                     "stages, 2 ranks")  # fmt: skip
+    assert results[0]["refused"] == (
+        "DualPipeV runs two stages per rank (a V): 3 stages, 2 ranks"
+    )
     for name in ZERO_BUBBLE:
         losses = [r[name][1] for r in results if r[name][1] is not None]
         assert len(losses) == 1 and losses[0] <= TOL, name

@@ -79,8 +79,9 @@ def test_a_shared_weight_or_no_input_gradient_runs_the_whole_backward_in_b() -> 
     assert lin.weight.grad is not None and x.grad is not None  # all done in B
     weight()  # nothing left
     first = nn.Linear(4, 4)
-    weight = pp.backward_input(first(torch.ones(2, 4)).sum(), None, torch.ones(2, 4),
-                               list(first.parameters()))  # fmt: skip
+    weight = pp.backward_input(
+        first(torch.ones(2, 4)).sum(), None, torch.ones(2, 4), list(first.parameters())
+    )
     assert first.weight.grad is not None
 
 
@@ -106,9 +107,14 @@ def test_zb_h1_order_and_refusals() -> None:
         "rank 0: F0.0 F0.1 B0.0 W0.0 F0.2 B0.1 W0.1 B0.2 W0.2\n"
         "rank 1: F1.0 B1.0 F1.1 B1.1 W1.0 F1.2 B1.2 W1.1 W1.2"
     )
-    with pytest.raises(ValueError, match="positive integers"):
+    with pytest.raises(ValueError, match="must be a positive integer"):
         pp.zb_h1(0, 4)
-    bad = S.Schedule("bad", 1, 1, 1, ((S.Action("F", 0, 0), S.Action("W", 0, 0),
-                                       S.Action("B", 0, 0)),))  # fmt: skip
+    bad = S.Schedule(
+        "bad",
+        1,
+        1,
+        1,
+        ((S.Action("F", 0, 0), S.Action("W", 0, 0), S.Action("B", 0, 0)),),
+    )
     with pytest.raises(ValueError, match=r"runs W0.0 before its input gradient \(B\)"):
         S.check(bad)

@@ -118,8 +118,9 @@ def test_ledger_sequence_parallel_moves_the_same_bytes(world_size: int) -> None:
         assert reduces == [H * 4]
         # and the control messages: the agreement and the sequence lengths
         assert sorted(b for op, b in records if op == "all_gather" and b <= CHECK) == [
-            8, CHECK
-        ]  # fmt: skip
+            8,
+            CHECK,
+        ]
 
 
 def _against_torch() -> dict[str, float]:
@@ -140,13 +141,17 @@ def _against_torch() -> dict[str, float]:
         input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
     )
     plan = {
-        "ln1": SequenceParallel(), "ln2": SequenceParallel(),
-        "attn": enter, "mlp": copy.deepcopy(enter),
-        "attn.query": ColwiseParallel(), "attn.key": ColwiseParallel(),
-        "attn.value": ColwiseParallel(), "mlp.fc": ColwiseParallel(),
+        "ln1": SequenceParallel(),
+        "ln2": SequenceParallel(),
+        "attn": enter,
+        "mlp": copy.deepcopy(enter),
+        "attn.query": ColwiseParallel(),
+        "attn.key": ColwiseParallel(),
+        "attn.value": ColwiseParallel(),
+        "mlp.fc": ColwiseParallel(),
         "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
         "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
-    }  # fmt: skip
+    }
     theirs = copy.deepcopy(block)
     parallelize_module(theirs, init_device_mesh("cpu", (n,)), plan)
     ours = parallelize_block(block, sequence_parallel=True)

@@ -47,8 +47,10 @@ def _three_twins() -> list[dict[str, float]]:
     torch.manual_seed(0)
     mlp, x = MLP(8), torch.randn(2, 3, 8)
     right = ParallelMLP.from_module(mlp)
-    return [differences(mlp, twin, x) for twin in
-            (right, _WithoutF(right), _WithoutG(right))]  # fmt: skip
+    return [
+        differences(mlp, twin, x)
+        for twin in (right, _WithoutF(right), _WithoutG(right))
+    ]
 
 
 def test_missing_f_or_g_is_caught() -> None:

@@ -82,9 +82,10 @@ def _against_torch() -> dict[str, float]:
     mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
     x = torch.randn(4, 8)
     theirs = parallelize_module(
-        copy.deepcopy(mlp), init_device_mesh("cpu", (dist.get_world_size(),)),
+        copy.deepcopy(mlp),
+        init_device_mesh("cpu", (dist.get_world_size(),)),
         {"0": ColwiseParallel(), "2": RowwiseParallel()},
-    )  # fmt: skip
+    )
     col = ColumnParallelLinear.from_linear(mlp[0])
     row = RowParallelLinear.from_linear(mlp[2])
     y_theirs, y_ours = theirs(x), row(F.gelu(col(x)))
@@ -139,11 +140,12 @@ BAD = {
     "shapes differ": "ranks disagree on shape",
     "full input to row": "was fed a full input (8 features)",
     "full input on one rank": (
-        "rank(s) [1] rejected their arguments", "was fed a full input (8 features)"
+        "rank(s) [1] rejected their arguments",
+        "was fed a full input (8 features)",
     ),
     "wrong features": "expected (..., in_features=8)",
     "checkpoint of another shape": "'weight' has shape [6, 8], this layer needs [4, 8]",
-}  # fmt: skip
+}
 
 
 def _all_errors() -> dict[str, tuple[str, list[str]]]:

@@ -41,8 +41,9 @@ def _train(sp: bool) -> tuple[list[float], list[float], float]:
     # divides by its own square root: lr-sized steps of noise. Skip it.
     diff = max(
         (trained[k] - v).abs().max().item()
-        for k, v in model.state_dict().items() if not k.endswith("key.bias")
-    )  # fmt: skip
+        for k, v in model.state_dict().items()
+        if not k.endswith("key.bias")
+    )
     return losses, tp_losses, diff
 
 
@@ -54,7 +55,7 @@ def test_tiny_gpt_trains_to_one_process_losses(world_size: int, sp: bool) -> Non
         assert losses[-1] < losses[0] - 1  # it learns
         assert max(abs(a - b) for a, b in zip(losses, tp_losses, strict=True)) <= (
             LOSS_TOL
-        ), (losses, tp_losses)  # fmt: skip
+        ), (losses, tp_losses)
         assert diff <= PARAM_TOL, diff
 
 

@@ -55,10 +55,11 @@ def _one_process_equal() -> dict[str, float]:
         "head grad": _diff(phead.weight.grad, head.weight.grad.chunk(n, 0)[r]),
         "per-token loss": _diff(
             vocab_parallel_cross_entropy(plogits, target, reduction="none"),
-            F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
-            .view(B, T),
+            F.cross_entropy(
+                logits.flatten(0, 1), target.flatten(), reduction="none"
+            ).view(B, T),
         ),
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

@@ -46,9 +46,13 @@ def test_environment_yml_pins_pyprojects_dependencies_to_the_locked_versions() -
 
 def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=timeout,
-        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def test_self_check_reports_the_machine_and_runs_an_all_reduce() -> None:
@@ -66,8 +70,11 @@ def test_self_check_reports_the_machine_and_runs_an_all_reduce() -> None:
 
 def test_quickstart_script_trains_under_torchrun() -> None:
     done = _run(
-        *torchrun(2), "book/scripts/quickstart_ddp.py", "--epochs", "2",
-    )  # fmt: skip
+        *torchrun(2),
+        "book/scripts/quickstart_ddp.py",
+        "--epochs",
+        "2",
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [line[:8] for line in lines[:2]] == ["[rank 0]", "[rank 1]"]

@@ -16,12 +16,20 @@ def _torchrun(impl: str) -> list[str]:
     """Run book/scripts/ddp_train.py on 2 ranks for 1 epoch; its stdout lines."""
     done = subprocess.run(
         [
-            sys.executable, *torchrun(2),
-            "book/scripts/ddp_train.py", "--impl", impl, "--epochs", "1",
+            sys.executable,
+            *torchrun(2),
+            "book/scripts/ddp_train.py",
+            "--impl",
+            impl,
+            "--epochs",
+            "1",
         ],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1", "DISTCOURSE_DEVICE": "cpu"},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 

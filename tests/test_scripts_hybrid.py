@@ -33,15 +33,34 @@ def _node(rank: int, port: int) -> subprocess.Popen:
     """One torchrun agent: a "node" of 4 ranks, rendezvous on loopback only."""
     return subprocess.Popen(
         [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-            "--node-rank", str(rank), "--nproc-per-node", "4",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{LOOPBACK}:{port}",
-            "--rdzv-id", "hybrid-test", "--local-addr", LOOPBACK,
-            "book/scripts/hybrid_train.py", "--steps", "8", "--compare",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(rank),
+            "--nproc-per-node",
+            "4",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"{LOOPBACK}:{port}",
+            "--rdzv-id",
+            "hybrid-test",
+            "--local-addr",
+            LOOPBACK,
+            "book/scripts/hybrid_train.py",
+            "--steps",
+            "8",
+            "--compare",
         ],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1", "DISTCOURSE_DEVICE": "cpu"},
-    )  # fmt: skip
+    )
 
 
 def test_two_nodes_of_four_train_to_one_process_losses() -> None:

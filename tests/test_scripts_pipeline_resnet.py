@@ -16,12 +16,17 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_small_resnet_sweep_runs_on_two_ranks() -> None:
     done = subprocess.run(
         [
-            sys.executable, *torchrun(2),
-            "book/scripts/pipeline_resnet.py", "--small",
+            sys.executable,
+            *torchrun(2),
+            "book/scripts/pipeline_resnet.py",
+            "--small",
         ],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1", "DISTCOURSE_DEVICE": "cpu"},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0] == "ResNet small: 3 batches of 24 images 32x32, 10 classes, on cpu"
@@ -42,15 +47,26 @@ def test_small_resnet_sweep_runs_on_two_ranks() -> None:
 def test_small_resnet_sweep_as_json_for_the_notebook() -> None:
     done = subprocess.run(
         [
-            sys.executable, *torchrun(2),
-            "book/scripts/pipeline_resnet.py", "--small", "--json",
+            sys.executable,
+            *torchrun(2),
+            "book/scripts/pipeline_resnet.py",
+            "--small",
+            "--json",
         ],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1", "DISTCOURSE_DEVICE": "cpu"},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
     assert (report["batch"], report["image"], report["batches"]) == (24, 32, 3)
-    assert [row[:2] for row in report["rows"]] == [[24, 1], [2, 12], [4, 6], [6, 4],
-                                                   [12, 2]]  # fmt: skip
+    assert [row[:2] for row in report["rows"]] == [
+        [24, 1],
+        [2, 12],
+        [4, 6],
+        [6, 4],
+        [12, 2],
+    ]
     assert report["one"] > 0 and all(row[2] > 0 for row in report["rows"])

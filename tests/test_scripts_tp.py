@@ -20,12 +20,19 @@ def _torchrun(*options: str) -> list[str]:
     """Run book/scripts/tp_train.py on 2 ranks; its stdout lines."""
     done = subprocess.run(
         [
-            sys.executable, *torchrun(2),
-            "book/scripts/tp_train.py", "--steps", "12", *options,
+            sys.executable,
+            *torchrun(2),
+            "book/scripts/tp_train.py",
+            "--steps",
+            "12",
+            *options,
         ],
-        capture_output=True, text=True, timeout=180, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1", "DISTCOURSE_DEVICE": "cpu"},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 

@@ -49,8 +49,11 @@ def test_tp_layout_rejects_no_ranks() -> None:
 
 def test_sbp_pieces_draws_a_panel_per_rank_and_signature() -> None:
     whole = torch.arange(16.0).reshape(4, 4)
-    pieces = {"S(0)": list(whole.tensor_split(4)), "P": [whole] + [whole * 0] * 3,
-              "S(1) of 6": [torch.ones(2, 1), torch.ones(2, 0)] * 2}  # fmt: skip
+    pieces = {
+        "S(0)": list(whole.tensor_split(4)),
+        "P": [whole] + [whole * 0] * 3,
+        "S(1) of 6": [torch.ones(2, 1), torch.ones(2, 0)] * 2,
+    }
     fig = viz.sbp_pieces(pieces, "one tensor")
     assert len(fig.axes) == 12 and fig.axes[0].get_ylabel() == "S(0)"
     assert [t.get_text() for t in fig.axes[1].texts] == ["4", "5", "6", "7"]

@@ -51,16 +51,24 @@ def run(
     for n in ranks:
         per_run = spawn(_on_rank, n, sizes, repeats, warmup, runs, timeout=600)[0]
         for i, size in enumerate(sizes):
-            bw = {name: [bus_bandwidth(size, n, t[name][i]) / 1e9 for t in per_run]
-                  for name in ("torch", "distcourse")}  # fmt: skip
+            bw = {
+                name: [bus_bandwidth(size, n, t[name][i]) / 1e9 for t in per_run]
+                for name in ("torch", "distcourse")
+            }
             torch_bw, ours_bw = bw["torch"], bw["distcourse"]
             ratios = [a / b for a, b in zip(ours_bw, torch_bw, strict=True)]
-            rows.append(dict(
-                ranks=n, bytes=size, torch_gbps=statistics.median(torch_bw),
-                distcourse_gbps=statistics.median(ours_bw),
-                ratio=statistics.median(ratios), ratio_min=min(ratios),
-                ratio_max=max(ratios), runs=len(ratios),
-            ))  # fmt: skip
+            rows.append(
+                dict(
+                    ranks=n,
+                    bytes=size,
+                    torch_gbps=statistics.median(torch_bw),
+                    distcourse_gbps=statistics.median(ours_bw),
+                    ratio=statistics.median(ratios),
+                    ratio_min=min(ratios),
+                    ratio_max=max(ratios),
+                    runs=len(ratios),
+                )
+            )
     return rows
 
 

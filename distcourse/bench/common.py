@@ -94,9 +94,10 @@ def rows(world: int, names: Sequence[str], times: Sequence, reference: int) -> l
     base = measured[reference]
     return [
         dict(
-            ranks=world, implementation=name,
+            ranks=world,
+            implementation=name,
             step_ms=round(1000 * mine.median().item(), 3),
             vs_torch=round((mine / base).median().item(), 3),
         )
         for name, mine in zip(names, measured, strict=True)
-    ]  # fmt: skip
+    ]

@@ -103,9 +103,10 @@ def format_table(rows: list[dict]) -> str:
 def main(argv: list[str]) -> int:
     """Parse options, run the benchmark, print a table (or one JSON object)."""
     parser = common.parser(
-        "ddp", "Step time of our DDP vs torch DDP vs naive gradient averaging.",
+        "ddp",
+        "Step time of our DDP vs torch DDP vs naive gradient averaging.",
         "tiny model, few steps",
-    )  # fmt: skip
+    )
     parser.add_argument("--bucket-mb", type=float, default=BUCKET_MB)
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
@@ -114,14 +115,23 @@ def main(argv: list[str]) -> int:
     ratio = common.ratio_of(rows, "ours (DDP)", 4)
     naive = common.ratio_of(rows, "naive average", 4)
     result = dict(
-        benchmark="ddp", ratio=ratio, naive_ratio=naive, bucket_cap_mb=args.bucket_mb,
-        parameters=params, config=asdict(cfg), table=rows,
-    )  # fmt: skip
-    return common.report(result, args.json, lambda: [
-        f"wide_mlp(width={cfg.width}, depth={cfg.depth}, d_in={cfg.d_in}): "
-        f"{params / 1e6:.2f} M parameters, batch {cfg.batch} per rank, "
-        f"median of {cfg.steps} steps after {cfg.warmup} warm-up, "
-        f"our buckets {args.bucket_mb:g} MB",
-        format_table(rows),
-        f"ours / torch DDP on 4 ranks: {ratio:.2f}; naive / torch DDP: {naive:.2f}",
-    ])  # fmt: skip
+        benchmark="ddp",
+        ratio=ratio,
+        naive_ratio=naive,
+        bucket_cap_mb=args.bucket_mb,
+        parameters=params,
+        config=asdict(cfg),
+        table=rows,
+    )
+    return common.report(
+        result,
+        args.json,
+        lambda: [
+            f"wide_mlp(width={cfg.width}, depth={cfg.depth}, d_in={cfg.d_in}): "
+            f"{params / 1e6:.2f} M parameters, batch {cfg.batch} per rank, "
+            f"median of {cfg.steps} steps after {cfg.warmup} warm-up, "
+            f"our buckets {args.bucket_mb:g} MB",
+            format_table(rows),
+            f"ours / torch DDP on 4 ranks: {ratio:.2f}; naive / torch DDP: {naive:.2f}",
+        ],
+    )

@@ -50,8 +50,11 @@ QUICK = Config(m=8, k=8, n=8, ranks=2, warmup=1, steps=3)
 
 def _tensors(cfg: Config) -> list[torch.Tensor]:
     torch.manual_seed(0)
-    return [torch.randn(cfg.m, cfg.k), torch.randn(cfg.k, cfg.k),
-            torch.randn(cfg.k, cfg.n)]  # fmt: skip
+    return [
+        torch.randn(cfg.m, cfg.k),
+        torch.randn(cfg.k, cfg.k),
+        torch.randn(cfg.k, cfg.n),
+    ]
 
 
 def _dtensor_step(cfg: Config) -> Callable[[], torch.Tensor]:
@@ -120,18 +123,24 @@ def run(cfg: Config) -> dict:
         for name, t in zip(IMPLEMENTATIONS, times, strict=True)
     ]
     return dict(
-        benchmark="global", ratio=round(ratios.median().item(), 3),
-        same_result=got["same"], ranks=cfg.ranks, load_average=os.getloadavg()[0],
-        cpus=os.cpu_count(), config=asdict(cfg), table=rows,
-    )  # fmt: skip
+        benchmark="global",
+        ratio=round(ratios.median().item(), 3),
+        same_result=got["same"],
+        ranks=cfg.ranks,
+        load_average=os.getloadavg()[0],
+        cpus=os.cpu_count(),
+        config=asdict(cfg),
+        table=rows,
+    )
 
 
 def main(argv: list[str]) -> int:
     """Parse options, run, print a short table (or one JSON object)."""
     parser = common.parser(
-        "global", "matmul + boxing step time: global_tensor vs DTensor.",
+        "global",
+        "matmul + boxing step time: global_tensor vs DTensor.",
         "tiny sizes, 2 ranks",
-    )  # fmt: skip
+    )
     parser.add_argument("--steps", type=int, help="timed steps per implementation")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
@@ -139,11 +148,17 @@ def main(argv: list[str]) -> int:
         cfg = replace(cfg, steps=args.steps)
     result = run(cfg)
     shapes = f"x ({cfg.m}, {cfg.k}) S(1) @ w S(0) -> P -> B, @ v ({cfg.k}, {cfg.n})"
-    return common.report(result, args.json, lambda: [
-        f"{shapes} S(1) -> B, sum, backward; {cfg.ranks} ranks, median of "
-        f"{cfg.steps}",
-        *(f"  {row['implementation']:<22} {row['step_ms']:>9.2f} ms"
-          for row in result["table"]),
-        f"ours / DTensor: {result['ratio']:.2f} (load average "
-        f"{result['load_average']:.1f} on {result['cpus']} cpus)",
-    ])  # fmt: skip
+    return common.report(
+        result,
+        args.json,
+        lambda: [
+            f"{shapes} S(1) -> B, sum, backward; {cfg.ranks} ranks, median of "
+            f"{cfg.steps}",
+            *(
+                f"  {row['implementation']:<22} {row['step_ms']:>9.2f} ms"
+                for row in result["table"]
+            ),
+            f"ours / DTensor: {result['ratio']:.2f} (load average "
+            f"{result['load_average']:.1f} on {result['cpus']} cpus)",
+        ],
+    )

@@ -44,14 +44,21 @@ class Config:
     only: tuple[str, ...] = ()  # these layouts ("2x2x2", ...); () is every one
 
     def gpt(self) -> GPTConfig:
-        return GPTConfig(vocab=64, block_size=self.block_size, n_layer=self.n_layer,
-                         n_head=self.n_head, n_embd=self.n_embd)  # fmt: skip
+        return GPTConfig(
+            vocab=64,
+            block_size=self.block_size,
+            n_layer=self.n_layer,
+            n_head=self.n_head,
+            n_embd=self.n_embd,
+        )
 
 
-FULL = Config(ranks=8, n_layer=8, n_head=8, n_embd=64, block_size=32, batch=32,
-              warmup=2, steps=8)  # fmt: skip
-QUICK = Config(ranks=4, n_layer=4, n_head=4, n_embd=16, block_size=8, batch=16,
-               warmup=1, steps=2)  # fmt: skip
+FULL = Config(
+    ranks=8, n_layer=8, n_head=8, n_embd=64, block_size=32, batch=32, warmup=2, steps=8
+)
+QUICK = Config(
+    ranks=4, n_layer=4, n_head=4, n_embd=16, block_size=8, batch=16, warmup=1, steps=2
+)
 
 
 def micro_batches(layout: hybrid.Layout, per_stage: int = 2) -> int:
@@ -65,8 +72,9 @@ def chosen(cfg: Config) -> list[hybrid.Layout]:
     ValueError (before any message) for a name that is no layout of cfg.ranks."""
     every = hybrid.layouts(cfg.ranks)
     if unknown := set(cfg.only) - {lay.name for lay in every}:
-        raise ValueError(f"no layout of {cfg.ranks} ranks is named "
-                         f"{', '.join(sorted(unknown))}")  # fmt: skip
+        raise ValueError(
+            f"no layout of {cfg.ranks} ranks is named {', '.join(sorted(unknown))}"
+        )
     return [lay for lay in every if not cfg.only or lay.name in cfg.only]
 
 
@@ -96,13 +104,18 @@ def measure(cfg: Config) -> list[dict]:
         dist.all_gather(every, mine)
         memory = max(every, key=lambda e: e[0].item())  # the fullest rank's
         net.close()
-        rows.append(dict(
-            layout=layout.name, dp=layout.dp, pp=layout.pp, tp=layout.tp,
-            micro_batches=m,
-            step_ms=round(1000 * statistics.median(times.tolist()), 3),
-            memory_kib=round(memory[0].item() / 1024, 1),
-            activations_kib=round(memory[1].item() / 1024, 1),
-        ))  # fmt: skip
+        rows.append(
+            dict(
+                layout=layout.name,
+                dp=layout.dp,
+                pp=layout.pp,
+                tp=layout.tp,
+                micro_batches=m,
+                step_ms=round(1000 * statistics.median(times.tolist()), 3),
+                memory_kib=round(memory[0].item() / 1024, 1),
+                activations_kib=round(memory[1].item() / 1024, 1),
+            )
+        )
     return rows
 
 
@@ -114,18 +127,23 @@ def run(cfg: Config) -> dict:
     pure = next(r for r in rows if r["dp"] == cfg.ranks)
     best = min(rows, key=lambda r: r["step_ms"])
     return dict(
-        benchmark="hybrid", ratio=round(best["step_ms"] / pure["step_ms"], 3),
-        best=best["layout"], ranks=cfg.ranks,
-        load=[round(v, 2) for v in os.getloadavg()], cpus=os.cpu_count(),
-        config=asdict(cfg), table=rows,
-    )  # fmt: skip
+        benchmark="hybrid",
+        ratio=round(best["step_ms"] / pure["step_ms"], 3),
+        best=best["layout"],
+        ranks=cfg.ranks,
+        load=[round(v, 2) for v in os.getloadavg()],
+        cpus=os.cpu_count(),
+        config=asdict(cfg),
+        table=rows,
+    )
 
 
 def format_table(rows: list[dict]) -> str:
     """The rows as an aligned text table; the step time last, so that a book can
     mask it ("T ms") without the columns moving."""
-    lines = [f"{'dp x pp x tp':>12} {'m':>3} {'memory KiB':>11} {'activations':>11}"
-             "  step"]  # fmt: skip
+    lines = [
+        f"{'dp x pp x tp':>12} {'m':>3} {'memory KiB':>11} {'activations':>11}  step"
+    ]
     for r in rows:
         lines.append(
             f"{r['layout']:>12} {r['micro_batches']:>3} {r['memory_kib']:>11.1f} "
@@ -137,15 +155,20 @@ def format_table(rows: list[dict]) -> str:
 def main(argv: list[str]) -> int:
     """Parse options, run, print a table (or one JSON object)."""
     parser = common.parser(
-        "hybrid", "Step time and memory per rank of every dp x pp x tp layout.",
+        "hybrid",
+        "Step time and memory per rank of every dp x pp x tp layout.",
         "4 ranks, tiny, 2 steps",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     result = run(cfg)
-    return common.report(result, args.json, lambda: [
-        f"load {result['load']} on {result['cpus']} CPUs; {cfg}",
-        format_table(result["table"]),
-        f"best {result['best']}: {result['ratio']:.2f} x pure data parallelism's "
-        "step time",
-    ])  # fmt: skip
+    return common.report(
+        result,
+        args.json,
+        lambda: [
+            f"load {result['load']} on {result['cpus']} CPUs; {cfg}",
+            format_table(result["table"]),
+            f"best {result['best']}: {result['ratio']:.2f} x pure data parallelism's "
+            "step time",
+        ],
+    )

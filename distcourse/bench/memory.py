@@ -38,9 +38,11 @@ def formula(parameters: int, gradient_as_bucket_view: bool) -> dict[str, int]:
     """Bytes per part in float32: 4 P each, Adam 8 P, gradients 0 P as bucket views."""
     grads = 0 if gradient_as_bucket_view else 4 * parameters
     return dict(
-        replica=4 * parameters, gradients=grads, buckets=4 * parameters,
+        replica=4 * parameters,
+        gradients=grads,
+        buckets=4 * parameters,
         optimizer=8 * parameters,
-    )  # fmt: skip
+    )
 
 
 def measure(impl: str, gradient_as_bucket_view: bool, width: int = 256) -> dict:
@@ -75,8 +77,9 @@ def measure(impl: str, gradient_as_bucket_view: bool, width: int = 256) -> dict:
     held = dict(
         replica=held_bytes(params),
         gradients=held_bytes(params + buckets + grads) - held_bytes(params + buckets),
-        buckets=held_bytes(buckets), optimizer=held_bytes(states),
-    )  # fmt: skip
+        buckets=held_bytes(buckets),
+        optimizer=held_bytes(states),
+    )
     return dict(held=held, parameters=models.count_parameters(model))
 
 

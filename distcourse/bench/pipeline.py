@@ -28,11 +28,10 @@ Three measurements, each a median over steps of the slowest rank's time:
 Stages are Linear+ReLU blocks; with --sleep each block instead sleeps (forward t per
 sample, backward 2t: t for the input's gradient, t for the weight's, so ZB-H1's B
 and W each take t), so the numbers measure the schedules and our transfers, not how
-a loaded CPU shares its cores among ranks. The bench's parameters are those of the
-first measurement (t = 1 ms per sample at --sleep 0.001, m = 8 on 4 ranks): each
-1F1B transfer on the critical path costs about 0.6 ms on 2 loaded cores against
-stages of 32 ms forward, so the bubble's excess over the formula is mostly how long
-a loaded machine takes to wake a waiting rank.
+a loaded CPU shares its cores among ranks. The defaults (t = 1 ms per sample at
+--sleep 0.001, m = 8 on 4 ranks) make a stage's work large beside one transfer, so
+the bubble's excess over the formula shows mostly how long the machine takes to
+wake a waiting rank; the report prints the times this machine measured.
 """
 
 from __future__ import annotations
@@ -66,10 +65,19 @@ class Config:
     sleep_per_sample: float = 0.0  # seconds; > 0 replaces compute by sleeping
 
 
-FULL = Config(width=1024, blocks=8, batch=128, sweep=(2, 4, 8, 16), m4=8, warmup=2,
-              steps=10, steps4=24)  # fmt: skip
-QUICK = Config(width=32, blocks=4, batch=8, sweep=(2, 4), m4=4, warmup=1, steps=2,
-               steps4=2)  # fmt: skip
+FULL = Config(
+    width=1024,
+    blocks=8,
+    batch=128,
+    sweep=(2, 4, 8, 16),
+    m4=8,
+    warmup=2,
+    steps=10,
+    steps4=24,
+)
+QUICK = Config(
+    width=32, blocks=4, batch=8, sweep=(2, 4), m4=4, warmup=1, steps=2, steps4=2
+)
 
 
 class Sleep(torch.autograd.Function):
@@ -107,8 +115,9 @@ class Block(nn.Module):
 
 def _model(cfg: Config) -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(*[Block(cfg.width, cfg.sleep_per_sample)
-                           for _ in range(cfg.blocks)])  # fmt: skip
+    return nn.Sequential(
+        *[Block(cfg.width, cfg.sleep_per_sample) for _ in range(cfg.blocks)]
+    )
 
 
 def _data(cfg: Config) -> tuple[Tensor, Tensor]:
@@ -135,8 +144,15 @@ def _timed(runners: list, cfg: Config, steps: int) -> torch.Tensor:
 def _two_ranks(cfg: Config) -> list[list[float]]:
     """Step times: naive (m = 1) first, then 1F1B for each m of the sweep."""
     ms = (1, *cfg.sweep)
-    pipes = [pp.Pipeline(pp.split_by_count(_model(cfg), 2), pp.one_f_one_b(2, m),
-                         F.mse_loss, timeout=60) for m in ms]  # fmt: skip
+    pipes = [
+        pp.Pipeline(
+            pp.split_by_count(_model(cfg), 2),
+            pp.one_f_one_b(2, m),
+            F.mse_loss,
+            timeout=60,
+        )
+        for m in ms
+    ]
     times = _timed(pipes, cfg, cfg.steps)
     for pipe in pipes:
         pipe.close()
@@ -149,18 +165,25 @@ SCHEDULES = {"1F1B": pp.one_f_one_b, "GPipe": pp.gpipe, "ZB-H1": pp.zb_h1}
 def _four_ranks(cfg: Config) -> dict:
     """Our 1F1B and torch's, our GPipe and ZB-H1, taking turns; our events give
     each schedule's bubble."""
-    ours = {name: pp.Pipeline(pp.split_by_count(_model(cfg), 4), make(4, cfg.m4),
-                              F.mse_loss, timeout=60)
-            for name, make in SCHEDULES.items()}  # fmt: skip
+    ours = {
+        name: pp.Pipeline(
+            pp.split_by_count(_model(cfg), 4), make(4, cfg.m4), F.mse_loss, timeout=60
+        )
+        for name, make in SCHEDULES.items()
+    }
     ours["1F1B once"] = pp.Pipeline(  # inputs agreed on the first step only, as torch
-        pp.split_by_count(_model(cfg), 4), pp.one_f_one_b(4, cfg.m4), F.mse_loss,
-        timeout=60, inputs="first",
-    )  # fmt: skip
-    theirs = TorchPipeline(pp.split_by_count(_model(cfg), 4), "1F1B", cfg.m4,
-                           F.mse_loss)  # fmt: skip
-    theirs_zb = TorchPipeline(pp.split_by_count(_model(cfg), 4),
-                              "interleaved zero bubble", cfg.m4,
-                              F.mse_loss)  # fmt: skip
+        pp.split_by_count(_model(cfg), 4),
+        pp.one_f_one_b(4, cfg.m4),
+        F.mse_loss,
+        timeout=60,
+        inputs="first",
+    )
+    theirs = TorchPipeline(
+        pp.split_by_count(_model(cfg), 4), "1F1B", cfg.m4, F.mse_loss
+    )
+    theirs_zb = TorchPipeline(
+        pp.split_by_count(_model(cfg), 4), "interleaved zero bubble", cfg.m4, F.mse_loss
+    )
     steps: dict[str, list] = {name: [] for name in ours}
 
     class Recorder:  # one of our pipelines, keeping each step's events
@@ -175,18 +198,27 @@ def _four_ranks(cfg: Config) -> dict:
     plain = PlainPipeline(
         pp.split_by_count(_model(cfg), 4), pp.one_f_one_b(4, cfg.m4), F.mse_loss
     )
-    runners = [Recorder("1F1B"), theirs, Recorder("GPipe"), Recorder("ZB-H1"),
-               Recorder("1F1B once"), theirs_zb, plain]  # fmt: skip
+    runners = [
+        Recorder("1F1B"),
+        theirs,
+        Recorder("GPipe"),
+        Recorder("ZB-H1"),
+        Recorder("1F1B once"),
+        theirs_zb,
+        plain,
+    ]
     times = _timed(runners, cfg, cfg.steps4)
     for pipe in ours.values():
         pipe.close()
     seen: list = [None] * dist.get_world_size()
     dist.all_gather_object(seen, steps)  # after the timing: [rank][name][step]
     bubbles = {
-        name: [pp.bubble([rank[name][i] for rank in seen])
-               for i in range(cfg.warmup, len(steps[name]))]
+        name: [
+            pp.bubble([rank[name][i] for rank in seen])
+            for i in range(cfg.warmup, len(steps[name]))
+        ]
         for name in ours
-    }  # fmt: skip
+    }
     return dict(times=times.tolist(), bubbles=bubbles)
 
 
@@ -217,58 +249,89 @@ def run(cfg: Config) -> dict:
     schedules = {}
     for row, name in ((0, "1F1B"), (2, "GPipe"), (3, "ZB-H1")):
         bubble, took = _median(four["bubbles"][name]), _median(t4[row].tolist())
-        schedules[name] = dict(bubble=round(bubble, 4), step_ms=round(1000 * took, 3),
-                               formula=round(formulas[name], 4))  # fmt: skip
-    table = [dict(m=mm, step_ms=round(1000 * s, 3), speedup=round(sp, 3),
-                  limit=round(2 * mm / (mm + 1), 3))
-             for mm, s, sp in zip(ms, step, speedups, strict=True)]  # fmt: skip
+        schedules[name] = dict(
+            bubble=round(bubble, 4),
+            step_ms=round(1000 * took, 3),
+            formula=round(formulas[name], 4),
+        )
+    table = [
+        dict(
+            m=mm,
+            step_ms=round(1000 * s, 3),
+            speedup=round(speedup, 3),
+            limit=round(2 * mm / (mm + 1), 3),
+        )
+        for mm, s, speedup in zip(ms, step, speedups, strict=True)
+    ]
     return dict(
-        benchmark="pipeline", speedup=round(speedups[best], 3), m=m,
+        benchmark="pipeline",
+        speedup=round(speedups[best], 3),
+        m=m,
         efficiency=round(speedups[best] / (2 * m / (m + 1)), 3),
         bubble_error=round(measured / formula - 1, 3),
-        bubble_measured=round(measured, 4), bubble_formula=round(formula, 4),
-        ratio=round(ratio, 3), ratio_quartiles=[round(q, 3) for q in quartiles],
-        inputs_once_ratio=round(once_ratio, 3), zb_ratio=round(zb_ratio, 3),
+        bubble_measured=round(measured, 4),
+        bubble_formula=round(formula, 4),
+        ratio=round(ratio, 3),
+        ratio_quartiles=[round(q, 3) for q in quartiles],
+        inputs_once_ratio=round(once_ratio, 3),
+        zb_ratio=round(zb_ratio, 3),
         torch_zb_ms=round(1000 * _median(t4[5].tolist()), 3),
         ours_ms=round(1000 * _median(t4[0].tolist()), 3),
         torch_ms=round(1000 * _median(t4[1].tolist()), 3),
         plain_ratio=round(plain_ratio, 3),
         plain_ms=round(1000 * _median(t4[6].tolist()), 3),
         schedules=schedules,
-        load=[round(v, 2) for v in os.getloadavg()], cpus=os.cpu_count(),
-        config=asdict(cfg), table=table,
-    )  # fmt: skip
+        load=[round(v, 2) for v in os.getloadavg()],
+        cpus=os.cpu_count(),
+        config=asdict(cfg),
+        table=table,
+    )
 
 
 def main(argv: list[str]) -> int:
     """Parse options, run, print a summary (or one JSON object)."""
     parser = common.parser(
-        "pipeline", "Pipeline speed-up, bubble and step time against torch's.",
+        "pipeline",
+        "Pipeline speed-up, bubble and step time against torch's.",
         "tiny model, few steps",
-    )  # fmt: skip
-    parser.add_argument("--sleep", type=float, default=0.0, metavar="SECONDS",
-                        help="stages sleep this long per sample instead of "
-                        "computing")  # fmt: skip
+    )
+    parser.add_argument(
+        "--sleep",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="stages sleep this long per sample instead of computing",
+    )
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     if args.sleep:
-        cfg = Config(**{**asdict(cfg), "sleep_per_sample": args.sleep,
-                        "sweep": tuple(cfg.sweep)})  # fmt: skip
+        cfg = Config(
+            **{**asdict(cfg), "sleep_per_sample": args.sleep, "sweep": tuple(cfg.sweep)}
+        )
     r = run(cfg)
-    return common.report(r, args.json, lambda: [
-        f"load {r['load']} on {r['cpus']} CPUs; {cfg}",
-        f"{'m':>4} {'step ms':>9} {'speed-up':>9} {'limit':>6}",
-        *(f"{row['m']:>4} {row['step_ms']:>9.2f} {row['speedup']:>9.2f} "
-          f"{row['limit']:>6.2f}" for row in r["table"]),
-        f"best m={r['m']}: efficiency {r['efficiency']:.2f}; 1F1B on 4 ranks: "
-        f"bubble {r['bubble_measured']:.3f} vs formula {r['bubble_formula']:.3f}; "
-        f"ours/torch {r['ratio']:.3f} (quartiles {r['ratio_quartiles']}; inputs "
-        f"agreed once: {r['inputs_once_ratio']:.3f})",
-        *(f"{name:>6} on 4 ranks: bubble {row['bubble']:.3f} vs formula "
-          f"{row['formula']:.3f}, step {row['step_ms']:.1f} ms"
-          for name, row in r["schedules"].items()),
-        f"ZB-H1 / torch's ScheduleInterleavedZeroBubble: {r['zb_ratio']:.3f} "
-        f"(theirs {r['torch_zb_ms']:.1f} ms)",
-        f"plain runner / our 1F1B: {r['plain_ratio']:.3f} (plain "
-        f"{r['plain_ms']:.1f} ms)",
-    ])  # fmt: skip
+    return common.report(
+        r,
+        args.json,
+        lambda: [
+            f"load {r['load']} on {r['cpus']} CPUs; {cfg}",
+            f"{'m':>4} {'step ms':>9} {'speed-up':>9} {'limit':>6}",
+            *(
+                f"{row['m']:>4} {row['step_ms']:>9.2f} {row['speedup']:>9.2f} "
+                f"{row['limit']:>6.2f}"
+                for row in r["table"]
+            ),
+            f"best m={r['m']}: efficiency {r['efficiency']:.2f}; 1F1B on 4 ranks: "
+            f"bubble {r['bubble_measured']:.3f} vs formula {r['bubble_formula']:.3f}; "
+            f"ours/torch {r['ratio']:.3f} (quartiles {r['ratio_quartiles']}; inputs "
+            f"agreed once: {r['inputs_once_ratio']:.3f})",
+            *(
+                f"{name:>6} on 4 ranks: bubble {row['bubble']:.3f} vs formula "
+                f"{row['formula']:.3f}, step {row['step_ms']:.1f} ms"
+                for name, row in r["schedules"].items()
+            ),
+            f"ZB-H1 / torch's ScheduleInterleavedZeroBubble: {r['zb_ratio']:.3f} "
+            f"(theirs {r['torch_zb_ms']:.1f} ms)",
+            f"plain runner / our 1F1B: {r['plain_ratio']:.3f} (plain "
+            f"{r['plain_ms']:.1f} ms)",
+        ],
+    )

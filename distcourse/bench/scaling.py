@@ -89,11 +89,16 @@ def summarize(times: dict[int, dict[str, list[float]]], cfg: Config) -> list[dic
                 speedup = samples * base / median
             rows.append(
                 dict(
-                    mode=mode, ranks=world, per_rank=per_rank,
-                    global_batch=per_rank * world, q1_ms=1000 * q1,
-                    median_ms=1000 * median, q3_ms=1000 * q3, speedup=speedup,
+                    mode=mode,
+                    ranks=world,
+                    per_rank=per_rank,
+                    global_batch=per_rank * world,
+                    q1_ms=1000 * q1,
+                    median_ms=1000 * median,
+                    q3_ms=1000 * q3,
+                    speedup=speedup,
                 )
-            )  # fmt: skip
+            )
     return rows
 
 
@@ -140,8 +145,14 @@ def plot(rows: list[dict]) -> object:
             [r["median_ms"] - r["q1_ms"] for r in mine],
             [r["q3_ms"] - r["median_ms"] for r in mine],
         ]
-        ax.errorbar(ranks, median, yerr=spread, marker="o", capsize=4,
-                    label="measured: median, quartiles")  # fmt: skip
+        ax.errorbar(
+            ranks,
+            median,
+            yerr=spread,
+            marker="o",
+            capsize=4,
+            label="measured: median, quartiles",
+        )
         ideal = [median[0] / n if mode == "strong" else median[0] for n in ranks]
         ax.plot(ranks, ideal, "--", color="grey", label="ideal (no communication)")
         batch = "global" if mode == "strong" else "per-rank"

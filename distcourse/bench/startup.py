@@ -46,9 +46,11 @@ def stock(n: int) -> dict[str, float]:
     rc.close()
     c.stop_cluster_sync()
     return {
-        "engines": t1 - t0, "torch import": t2 - t1, "process group": t3 - t2,
+        "engines": t1 - t0,
+        "torch import": t2 - t1,
+        "process group": t3 - t2,
         "total": t3 - t0,
-    }  # fmt: skip
+    }
 
 
 def ours(n: int) -> dict[str, float]:

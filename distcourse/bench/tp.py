@@ -107,9 +107,10 @@ def format_table(rows: list[dict]) -> str:
 def main(argv: list[str]) -> int:
     """Parse options, run the benchmark, print a table (or one JSON object)."""
     parser = common.parser(
-        "tp", "Parallel-MLP step time: ours vs torch's parallelize_module.",
+        "tp",
+        "Parallel-MLP step time: ours vs torch's parallelize_module.",
         "tiny sizes, few steps",
-    )  # fmt: skip
+    )
     parser.add_argument("--ranks", type=int, nargs="+", help="world sizes (default 4)")
     parser.add_argument("--steps", type=int, help="timed steps per implementation")
     args = parser.parse_args(argv)
@@ -125,15 +126,23 @@ def main(argv: list[str]) -> int:
     ratio = common.ratio_of(rows, IMPLEMENTATIONS[1], last)
     unchecked = common.ratio_of(rows, IMPLEMENTATIONS[2], last)
     result = dict(
-        benchmark="tp", ratio=ratio, unchecked_ratio=unchecked, ranks=last,
-        config=asdict(cfg), table=rows,
-    )  # fmt: skip
-    return common.report(result, args.json, lambda: [
-        f"MLP Linear({cfg.hidden}, {4 * cfg.hidden}) -> GELU -> "
-        f"Linear({4 * cfg.hidden}, {cfg.hidden}), input ({cfg.batch}, {cfg.seq}, "
-        f"{cfg.hidden}); forward + backward, median of {cfg.steps} steps after "
-        f"{cfg.warmup} warm-up",
-        format_table(rows),
-        f"ours / torch on {last} ranks: {ratio:.2f}; without the check: "
-        f"{unchecked:.2f}",
-    ])  # fmt: skip
+        benchmark="tp",
+        ratio=ratio,
+        unchecked_ratio=unchecked,
+        ranks=last,
+        config=asdict(cfg),
+        table=rows,
+    )
+    return common.report(
+        result,
+        args.json,
+        lambda: [
+            f"MLP Linear({cfg.hidden}, {4 * cfg.hidden}) -> GELU -> "
+            f"Linear({4 * cfg.hidden}, {cfg.hidden}), input ({cfg.batch}, {cfg.seq}, "
+            f"{cfg.hidden}); forward + backward, median of {cfg.steps} steps after "
+            f"{cfg.warmup} warm-up",
+            format_table(rows),
+            f"ours / torch on {last} ranks: {ratio:.2f}; without the check: "
+            f"{unchecked:.2f}",
+        ],
+    )

@@ -19,17 +19,17 @@ import torch.distributed as dist
 from torch import Tensor
 
 from distcourse import runtime
+from distcourse.comm.spec import DTYPES, TensorSpec
 
 SUM = dist.ReduceOp.SUM
 Group = dist.ProcessGroup | None  # None: the default group
-MAX_DIMS = 8  # shapes with more dims are compared by numel only
 # elementwise reductions by name, called as fn(a, b, out=a)
 REDUCE_OPS: dict[str, Callable[..., Tensor]] = {
-    "sum": torch.add, "max": torch.maximum, "min": torch.minimum, "product": torch.mul
-}  # fmt: skip
-_DTYPES = sorted(
-    {v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str
-)
+    "sum": torch.add,
+    "max": torch.maximum,
+    "min": torch.minimum,
+    "product": torch.mul,
+}
 _NAMES: dict[int, str] = {}  # call ids seen on this rank, for readable errors
 
 
@@ -89,56 +89,66 @@ def _call_id(name: str) -> int:
     return key
 
 
-def _describe(name: str, extra: int, t: Tensor, ok: bool) -> Tensor:
-    """A fixed-size int64 row: [ok, call, extra, dtype, numel, ndim, shape...]."""
-    shape = list(t.shape)[:MAX_DIMS] if t.dim() <= MAX_DIMS else []
-    row = [int(ok), _call_id(name), extra, _DTYPES.index(t.dtype), t.numel(), t.dim()]
-    row += shape + [-1] * (MAX_DIMS - len(shape))
+def _describe(name: str, key: int, t: Tensor, ok: bool) -> Tensor:
+    """A fixed-size int64 row: [ok, call, key, numel, *TensorSpec row]; a tensor of
+    more than MAX_DIMS dims is compared by its numel and ndim."""
+    row = [int(ok), _call_id(name), key, t.numel(), *TensorSpec.of(t).encode()]
     return torch.tensor(row, dtype=torch.int64, device=t.device)
 
 
-def _show(row: list[int], label: str) -> str:
+def _show(row: list[int], key_name: str) -> str:
     """A descriptor row as a call, e.g. "ring_all_reduce(float32[4, 2], op=SUM)"."""
-    _, call, extra, dtype, numel, ndim, *shape = row
+    _, call, key, numel, *spec = row
     name = _NAMES.get(call, f"<call {call:#x}>")
-    kind = str(_DTYPES[dtype]).removeprefix("torch.")
-    shown = str(shape[:ndim]) if ndim <= MAX_DIMS else f"<{numel} elements>"
-    if label == "op" and 0 <= extra < len(REDUCE_OPS):
-        return f"{name}({kind}{shown}, op={list(REDUCE_OPS)[extra].upper()})"
-    return (
-        f"{name}({kind}{shown}, {label}={extra})" if label else f"{name}({kind}{shown})"
-    )
+    decoded = TensorSpec.decode(spec)
+    if decoded is None:  # more than MAX_DIMS dims: no sizes in the row
+        kind = str(DTYPES[spec[0]]).removeprefix("torch.")
+        decoded = f"{kind}<{numel} elements>"
+    if key_name == "op" and 0 <= key < len(REDUCE_OPS):
+        return f"{name}({decoded}, op={list(REDUCE_OPS)[key].upper()})"
+    return f"{name}({decoded}, {key_name}={key})" if key_name else f"{name}({decoded})"
+
+
+def no_key() -> int:
+    """The `validate` of a call with nothing to check but its tensor: key -1."""
+    return -1
 
 
 def agree(
     name: str,
     tensor: Tensor,
     group: Group = None,
-    local: Callable[[], int] = lambda: -1,
-    label: str = "",
+    *,
+    validate: Callable[[], int] = no_key,
+    key_name: str = "",
     check: bool = True,
 ) -> int:
     """Check this call on this rank, then (if `check`) that all ranks make the same one.
 
-    `local` validates the arguments on this rank (raising ValueError) and returns an
-    integer key that must also agree, shown as `label` in errors (an op index for
-    label "op", a source rank for "src", ...). Returns that key. With `check`, every
-    rank of `group` must call `agree` with the same `check`: it is one all_gather.
+    `validate` checks the arguments on this rank (raising ValueError) and returns an
+    integer key that must also agree, shown as `key_name` in errors (an op index for
+    "op", a source rank for "src", ...). Returns that key. With `check`, every rank of
+    `group` must call `agree` with the same `check`: it is one all_gather of
+    `tensor`'s TensorSpec, `name` and the key (none in a group of one rank).
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name}: expected a Tensor, got {type(tensor).__name__}")
     if not check:
-        return local()
+        return validate()
     g = members(group, name)
-    problem, extra = None, -1
+    if g.size == 1:  # no other rank to disagree with
+        return validate()
+    if g.size == 1:  # no other rank to disagree with
+        return validate()
+    problem, key = None, -1
     try:
-        extra = local()
+        key = validate()
     except ValueError as err:
         problem = err
-    mine = _describe(name, extra, tensor, problem is None)
+    mine = _describe(name, key, tensor, problem is None)
     rows = [torch.empty_like(mine) for _ in range(g.size)]
     dist.all_gather(rows, mine, group=g.group)
-    table = torch.stack(rows).tolist()  # (ranks, 6 + MAX_DIMS)
+    table = torch.stack(rows).tolist()  # (ranks, 4 + TensorSpec.LENGTH)
     if problem is not None:
         raise problem
     failed = [g.ranks[r] for r, row in enumerate(table) if not row[0]]
@@ -146,7 +156,7 @@ def agree(
         raise ValueError(f"{name}: rank(s) {failed} rejected their arguments; stopping")
     if any(row != table[0] for row in table):
         calls = "; ".join(
-            f"rank {g.ranks[r]}: {_show(row, label)}" for r, row in enumerate(table)
+            f"rank {g.ranks[r]}: {_show(row, key_name)}" for r, row in enumerate(table)
         )
         raise ValueError(f"{name}: ranks disagree on shape, dtype or op: {calls}")
-    return extra
+    return key

@@ -16,11 +16,10 @@ torch.autograd.Function, wrapped by a plain function taking `group=None`:
 Uneven sizes follow torch.tensor_split: a split gives the first `size % n` ranks one
 more element along `dim`. A gather takes any size per rank: it all-gathers the sizes
 (8 bytes per rank), pads each piece to the longest, moves equal blocks and trims.
-Reduce-scatter is comm.ring's ring_reduce_scatter on every backend (gloo gained
-torch's reduce_scatter only in torch 2.8). `check=True` (the same on every rank) adds
-one all_gather of about 112 bytes before the forward moves data, so mismatched shapes
-raise one ValueError on every rank instead of a hang; backwards need no check, since
-autograd gives each gradient its output's shape. A group of one rank is the identity.
+Reduce-scatter is comm.ring's ring_reduce_scatter on every backend (old gloo lacks
+it). `check=True` (the same on every rank) adds one all_gather of 112 bytes before the
+forward moves data, so mismatched shapes raise one ValueError on every rank instead of
+a hang; backwards need no check. A group of one rank is the identity.
 """
 
 from __future__ import annotations
@@ -41,8 +40,10 @@ def _dim(x: Tensor, dim: int, name: str, what: str = "dim") -> int:
     if not isinstance(dim, int) or isinstance(dim, bool):
         raise ValueError(f"{name}: {what} must be an int, got {dim!r}")
     if not -x.dim() <= dim < x.dim():
-        raise ValueError(f"{name}: {what}={dim} is out of range for a {x.dim()}-d "
-                         f"tensor of shape {list(x.shape)}")  # fmt: skip
+        raise ValueError(
+            f"{name}: {what}={dim} is out of range for a {x.dim()}-d "
+            f"tensor of shape {list(x.shape)}"
+        )
     return dim % x.dim()
 
 
@@ -85,8 +86,9 @@ def _reduce_scatter(x: Tensor, dim: int, sizes: list[int], g: Members) -> Tensor
     """Sum x over ranks and keep piece g.rank along `dim` (pieces sizes[r] long)."""
     blocks = [_pad(p, dim, max(sizes)) for p in x.split(sizes, dim)]
     out = torch.empty_like(blocks[0])
-    ring_reduce_scatter(out, torch.cat([b.reshape(-1) for b in blocks]), group=g.group,
-                        check=False)  # fmt: skip
+    ring_reduce_scatter(
+        out, torch.cat([b.reshape(-1) for b in blocks]), group=g.group, check=False
+    )
     return out.narrow(dim, 0, sizes[g.rank]).contiguous()
 
 
@@ -99,9 +101,13 @@ def _all_reduce(x: Tensor, g: Members) -> Tensor:
 
 
 def _all_to_all(
-    x: Tensor, split_dim: int, send: list[int], cat_dim: int, recv: list[int],
+    x: Tensor,
+    split_dim: int,
+    send: list[int],
+    cat_dim: int,
+    recv: list[int],
     g: Members,
-) -> Tensor:  # fmt: skip
+) -> Tensor:
     """Send piece j of x along `split_dim` (send[j] long) to rank j; concatenate the
     pieces received along `cat_dim`, the one from rank i recv[i] long. Every rank
     passes the same `send`, so what arrives is send[g.rank] long along `split_dim`."""
@@ -111,8 +117,9 @@ def _all_to_all(
     shapes = [shape[:cat_dim] + [c] + shape[cat_dim + 1 :] for c in recv]
     counts = [torch.Size(s).numel() for s in shapes]
     out = x.new_empty(sum(counts))
-    dist.all_to_all_single(out, torch.cat(pieces), counts, [p.numel() for p in pieces],
-                           group=g.group)  # fmt: skip
+    dist.all_to_all_single(
+        out, torch.cat(pieces), counts, [p.numel() for p in pieces], group=g.group
+    )
     parts = [c.view(s) for c, s in zip(out.split(counts), shapes, strict=True)]
     return torch.cat(parts, cat_dim)
 
@@ -195,7 +202,7 @@ def copy_to_group(x: Tensor, group: Group = None, check: bool = True) -> Tensor:
     uses x differently, so x's gradient is the sum of every rank's.
     """
     g = members(group, "copy_to_group")
-    agree("copy_to_group", x, group, check=check and g.size > 1)
+    agree("copy_to_group", x, group, check=check)
     return x if g.size == 1 else _Sum.apply(x, g, False)
 
 
@@ -206,7 +213,7 @@ def reduce_from_group(x: Tensor, group: Group = None, check: bool = True) -> Ten
     is replicated, so each rank's gradient is already the whole gradient.
     """
     g = members(group, "reduce_from_group")
-    agree("reduce_from_group", x, group, check=check and g.size > 1)
+    agree("reduce_from_group", x, group, check=check)
     return x if g.size == 1 else _Sum.apply(x, g, True)
 
 
@@ -250,8 +257,8 @@ def _gathering(
 ) -> Tensor:
     """Validate, agree on everything but the size along `dim`, exchange sizes, apply."""
     g = members(group, name)
-    d = agree(name, _without(x, dim), group, lambda: _dim(x, dim, name), "dim",
-              check and g.size > 1)  # fmt: skip
+    valid_dim, compared = (lambda: _dim(x, dim, name)), _without(x, dim)
+    d = agree(name, compared, group, validate=valid_dim, key_name="dim", check=check)
     return x if g.size == 1 else _Gather.apply(x, d, _sizes(x, d, g), g, reduce)
 
 
@@ -271,7 +278,8 @@ def _scattering(
 ) -> Tensor:
     """Validate, agree on x's whole shape (the same on every rank), apply."""
     g = members(group, name)
-    d = agree(name, x, group, lambda: _dim(x, dim, name), "dim", check and g.size > 1)
+    valid_dim = lambda: _dim(x, dim, name)  # noqa: E731
+    d = agree(name, x, group, validate=valid_dim, key_name="dim", check=check)
     return x if g.size == 1 else _Scatter.apply(x, d, g, reduce)
 
 
@@ -288,13 +296,13 @@ def all_to_all_along(
     name = "all_to_all_along"
     g = members(group, name)
 
-    def local() -> int:
+    def both_dims() -> int:
         s, c = _dim(x, split_dim, name, "split_dim"), _dim(x, cat_dim, name, "cat_dim")
         if s == c:
             raise ValueError(f"{name}: split_dim and cat_dim must differ, both are {s}")
         return 100 * s + c
 
-    key = agree(name, _without(x, cat_dim), group, local, "100*split_dim+cat_dim",
-                check and g.size > 1)  # fmt: skip
+    compared, shown = _without(x, cat_dim), "100*split_dim+cat_dim"
+    key = agree(name, compared, group, validate=both_dims, key_name=shown, check=check)
     dims = divmod(key, 100)  # (split_dim, cat_dim)
     return x if g.size == 1 else _AllToAll.apply(x, dims, _sizes(x, dims[1], g), g)

@@ -17,8 +17,19 @@ from torch import Tensor
 
 from distcourse import runtime
 
-OPS = ("send", "recv", "broadcast", "all_reduce", "reduce", "all_gather", "gather",
-       "scatter", "reduce_scatter", "all_to_all", "barrier")  # fmt: skip
+OPS = (
+    "send",
+    "recv",
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "all_to_all",
+    "barrier",
+)
 DOCS_URL = "https://pytorch.org/docs/stable/distributed.html#backends"
 _ALL, _NONE = "✓" * len(OPS), "✘" * len(OPS)
 # one character per entry of OPS, in that order, read from DOCS_URL's table
@@ -90,10 +101,18 @@ def _cases(x: Tensor, r: int, n: int) -> dict[str, Callable[[], bool]]:
         dist.barrier()
         return True
 
-    return {"send+recv": lambda: _send_recv(x, r, n), "broadcast": broadcast,
-            "all_reduce": all_reduce, "reduce": reduce, "all_gather": all_gather,
-            "gather": gather, "scatter": scatter, "reduce_scatter": reduce_scatter,
-            "all_to_all": all_to_all, "barrier": barrier}  # fmt: skip
+    return {
+        "send+recv": lambda: _send_recv(x, r, n),
+        "broadcast": broadcast,
+        "all_reduce": all_reduce,
+        "reduce": reduce,
+        "all_gather": all_gather,
+        "gather": gather,
+        "scatter": scatter,
+        "reduce_scatter": reduce_scatter,
+        "all_to_all": all_to_all,
+        "barrier": barrier,
+    }
 
 
 def try_each() -> dict[str, str]:

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from distcourse import runtime
+from distcourse.arguments import positive_int
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,7 @@ def predict(
         raise ValueError(
             f"unknown collective {collective!r}; use one of {list(MODELS)}"
         )
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    positive_int(world_size, "world_size")
     return MODELS[collective](nbytes, world_size, alpha, beta)
 
 
@@ -104,8 +104,10 @@ def sent_per_rank(collective: str, nbytes: int, world_size: int) -> list[int]:
         masks = [1 << k for k in range(max(n - 1, 0).bit_length())]
         down = [sum(r < m and r + m < n for m in masks) for r in range(n)]
         return [(d + (r != 0)) * s for r, d in enumerate(down)]
-    raise ValueError(f"sent_per_rank knows ring_all_reduce, naive_all_reduce and "
-                     f"tree_all_reduce, not {collective!r}")  # fmt: skip
+    raise ValueError(
+        f"sent_per_rank knows ring_all_reduce, naive_all_reduce and "
+        f"tree_all_reduce, not {collective!r}"
+    )
 
 
 _BUS_FACTOR = {
@@ -147,9 +149,11 @@ def fit_alpha_beta(
 
 
 def fit_collective(
-    collective: str, sizes_bytes: Sequence[float], times_s: Sequence[float],
+    collective: str,
+    sizes_bytes: Sequence[float],
+    times_s: Sequence[float],
     world_size: int,
-) -> tuple[float, float]:  # fmt: skip
+) -> tuple[float, float]:
     """alpha and beta that make `predict(collective, ...)` fit measured times best.
 
     The model is linear in alpha and beta: t = steps * alpha + k(S) * beta, where

@@ -49,7 +49,8 @@ _P2P = {
 }
 
 
-# DTensor imports it; a first dispatch mode imports torch._dynamo (about 2 s)
+# DTensor imports it. A ledger watches functional collectives only where it is
+# loaded: entering a dispatch mode imports torch._dynamo, a heavy import
 _FUNCTIONAL_MODULE = "torch.distributed._functional_collectives"
 # functional collective: positional index of its group size (None: ask the group)
 _FUNCTIONAL: dict[str, int | None] = {
@@ -57,7 +58,7 @@ _FUNCTIONAL: dict[str, int | None] = {
     "all_gather_into_tensor": 1, "all_gather_into_tensor_coalesced": 1,
     "reduce_scatter_tensor": 2, "reduce_scatter_tensor_coalesced": 2,
     "all_to_all_single": None, "broadcast": None,
-}  # fmt: skip
+}  # fmt: skip  # table
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,9 @@ class _FunctionalSpy(TorchDispatchMode):
             group = _functional_group(args)
             size = _group_size(args, _FUNCTIONAL[name], group)
             ranks = () if group is None else _ranks(group)
-            record = Record(f"functional.{name}", "collective", _nbytes(args[0]),
-                            None, size, ranks)  # fmt: skip
+            record = Record(
+                f"functional.{name}", "collective", _nbytes(args[0]), None, size, ranks
+            )
             self.records.append(record)
         return func(*args, **(kwargs or {}))
 
@@ -170,7 +172,7 @@ class Ledger:
         dist.batch_isend_irecv = self._wrap_batch(self._saved["batch_isend_irecv"])
         dist.P2POp = _P2POp
         if _FUNCTIONAL_MODULE in sys.modules:  # else no functional collective can run
-            self._spy = _FunctionalSpy(self.records)  # (entering one costs seconds)
+            self._spy = _FunctionalSpy(self.records)  # (entering one imports _dynamo)
             self._spy.__enter__()
         return self
 
@@ -204,8 +206,14 @@ class Ledger:
             for p in p2p_op_list:
                 kind = "send" if _unwrap(p.op) is c10d.isend else "recv"
                 ranks = _ranks(p.group)
-                record = Record("batch_isend_irecv", kind, _nbytes(p.tensor), p.peer,
-                                len(ranks), ranks)  # fmt: skip
+                record = Record(
+                    "batch_isend_irecv",
+                    kind,
+                    _nbytes(p.tensor),
+                    p.peer,
+                    len(ranks),
+                    ranks,
+                )
                 self.records.append(record)
             return fn(p2p_op_list, *args, **kwargs)
 

@@ -4,7 +4,7 @@ dist.send/dist.recv need the receiver to allocate a buffer of the right shape an
 in advance; if it guessed wrong, the transfer hangs or fills the buffer with garbage.
 Here every transfer is three messages, each in its own phase:
 
-    1. header  sender -> receiver  int64[10]: dtype code, ndim, shape padded with -1
+    1. header  sender -> receiver  int64[10]: a TensorSpec row (dtype, ndim, shape)
     2. ack     receiver -> sender  int64[10]: the header the receiver expected (its
                                    `expect`), or the header it got back if it had none
     3. data    sender -> receiver  only if the ack equals the header; skipped when empty
@@ -26,60 +26,76 @@ from torch import Tensor
 
 from distcourse import runtime
 from distcourse.comm.agree import Group, Members, members
+from distcourse.comm.spec import MAX_DIMS, TensorSpec
 
-MAX_DIMS = 8
-HEADER_LEN = 2 + MAX_DIMS  # dtype code, ndim, shape
-DTYPES = (
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
-    torch.complex128, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+HEADER_LEN = TensorSpec.LENGTH  # a header is a TensorSpec row
+# what gloo and NCCL both send; TensorSpec encodes any dtype, p2p refuses the rest
+SENDABLE = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.complex64,
+    torch.complex128,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
     torch.bool,
-)  # fmt: skip
+)
 Expect = tuple[tuple[int, ...] | torch.Size, torch.dtype]  # (shape, dtype)
 
 
 def _header(shape: tuple[int, ...], dtype: torch.dtype, name: str) -> list[int]:
     """The header for a tensor of this shape and dtype, or ValueError if it has none."""
-    if dtype not in DTYPES:
-        kinds = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
+    if dtype not in SENDABLE:
+        kinds = ", ".join(str(d).removeprefix("torch.") for d in SENDABLE)
         raise ValueError(f"{name}: unsupported dtype {dtype!r}; supported: {kinds}")
     if len(shape) > MAX_DIMS or not all(isinstance(s, int) and s >= 0 for s in shape):
-        raise ValueError(f"{name}: shape {list(shape)} must be at most {MAX_DIMS} "
-                         "non-negative ints")  # fmt: skip
-    return [DTYPES.index(dtype), len(shape), *shape] + [-1] * (MAX_DIMS - len(shape))
+        raise ValueError(
+            f"{name}: shape {list(shape)} must be at most {MAX_DIMS} non-negative ints"
+        )
+    return TensorSpec(tuple(shape), dtype).encode()
 
 
-def _parse(header: list[int], src: int, name: str) -> tuple[list[int], torch.dtype]:
-    """(shape, dtype) of a received header; ValueError if it is not one of ours."""
-    code, ndim, *shape = header
-    ok = 0 <= code < len(DTYPES) and 0 <= ndim <= MAX_DIMS
-    if not ok or any(s < 0 for s in shape[:ndim]):
-        raise ValueError(f"{name}: rank {src} sent {header}, not a send_tensor header: "
-                         "are its sends paired with this rank's receives?")  # fmt: skip
-    return shape[:ndim], DTYPES[code]
+def _parse(header: list[int], src: int, name: str) -> TensorSpec:
+    """The TensorSpec of a received header; ValueError if it is not one of ours."""
+    spec = TensorSpec.decode(header)
+    if spec is None or spec.dtype not in SENDABLE:
+        raise ValueError(
+            f"{name}: rank {src} sent {header}, not a send_tensor header: "
+            "are its sends paired with this rank's receives?"
+        )
+    return spec
 
 
 def _show(header: list[int]) -> str:
     """A header as the tensor it describes, e.g. "float32[4, 8]"."""
-    code, ndim, *shape = header
-    return f"{str(DTYPES[code]).removeprefix('torch.')}{shape[:ndim]}"
+    return str(TensorSpec.decode(header))
 
 
 def _mismatch(
     name: str, receiver: int, want: list[int], sender: int, got: list[int]
 ) -> ValueError:
-    return ValueError(f"{name}: rank {receiver} expected {_show(want)} from rank "
-                      f"{sender}, which sent {_show(got)}")  # fmt: skip
+    return ValueError(
+        f"{name}: rank {receiver} expected {_show(want)} from rank "
+        f"{sender}, which sent {_show(got)}"
+    )
 
 
 def _peer(peer: object, what: str, g: Members, name: str) -> int:
     """`peer` as a global rank of the group other than this one, or ValueError."""
     if not isinstance(peer, int) or isinstance(peer, bool) or peer not in g.ranks:
         valid = f"0..{g.size - 1}" if g.ranks == list(range(g.size)) else g.ranks
-        raise ValueError(f"{name}: {what}={peer!r} is not a rank of the group "
-                         f"(valid: {valid})")  # fmt: skip
+        raise ValueError(
+            f"{name}: {what}={peer!r} is not a rank of the group (valid: {valid})"
+        )
     if peer == g.ranks[g.rank]:
-        raise ValueError(f"{name}: {what}={peer} is this rank itself; a rank can only "
-                         "send to and receive from other ranks")  # fmt: skip
+        raise ValueError(
+            f"{name}: {what}={peer} is this rank itself; a rank can only "
+            "send to and receive from other ranks"
+        )
     return peer
 
 
@@ -87,8 +103,9 @@ def _blank(device: torch.device) -> Tensor:
     return torch.empty(HEADER_LEN, dtype=torch.int64, device=device)
 
 
-def _phase(sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]],
-           g: Members) -> None:  # fmt: skip
+def _phase(
+    sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]], g: Members
+) -> None:
     """Post these sends and receives together, then wait for all of them.
 
     One message goes by dist.isend/irecv; more by one batch_isend_irecv, so that two
@@ -108,9 +125,13 @@ def _phase(sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]],
 
 
 def _transfer(
-    name: str, x: Tensor | None, dst: int | None, src: int | None, group: Group,
+    name: str,
+    x: Tensor | None,
+    dst: int | None,
+    src: int | None,
+    group: Group,
     expect: Expect | None,
-) -> Tensor | None:  # fmt: skip
+) -> Tensor | None:
     """The three phases; a send when dst is given, a receive when src is."""
     g = members(group, name)
     me, device = g.ranks[g.rank], runtime.device()
@@ -129,7 +150,7 @@ def _transfer(
     _phase(header, got, g)
     if got:
         theirs = got[0][0].tolist()
-        shape, dtype = _parse(theirs, src, name)
+        arriving = _parse(theirs, src, name)
         want = want or theirs  # no expectation: accept what came
     # 2. acks: the receiver tells the sender what it expected
     ack = [(_blank(device), dst)] if header else []
@@ -143,7 +164,9 @@ def _transfer(
     if got and not recv_ok:
         errors.append(_mismatch(name, me, want, src, theirs))
     # 3. data, in each direction that was accepted; empty tensors need no message
-    result = torch.empty(shape, dtype=dtype, device=device) if recv_ok else None
+    result = None
+    if recv_ok:
+        result = torch.empty(arriving.shape, dtype=arriving.dtype, device=device)
     data = [(x.contiguous(), dst)] if send_ok and x.numel() else []
     into = [(result, src)] if recv_ok and result.numel() else []
     _phase(data, into, g)
@@ -199,19 +222,27 @@ def agree_shapes(sends: list[Wire], recvs: list[Wire]) -> None:
     starting with the entry's label (what the transfer carries).
     """
     name = "agree_shapes"
-    out = [(_header(tuple(s), d, name), _peer(p, "dst", members(g, name), name), g, w)
-           for (s, d), p, g, w in sends]  # fmt: skip
-    into = [(_header(tuple(s), d, name), _peer(p, "src", members(g, name), name), g, w)
-            for (s, d), p, g, w in recvs]  # fmt: skip
+    out = [
+        (_header(tuple(s), d, name), _peer(p, "dst", members(g, name), name), g, w)
+        for (s, d), p, g, w in sends
+    ]
+    into = [
+        (_header(tuple(s), d, name), _peer(p, "src", members(g, name), name), g, w)
+        for (s, d), p, g, w in recvs
+    ]
     device = runtime.device()
     got = [_blank(device) for _ in into]
     acks = [_blank(device) for _ in out]
     for phase in ((out, into, got), (into, out, acks)):  # headers, then acks
         sent, answered, blanks = phase
-        works = [dist.isend(torch.tensor(h, device=device), p, group=g)
-                 for h, p, g, _ in sent]  # fmt: skip
-        works += [dist.irecv(t, e[1], group=e[2])
-                  for t, e in zip(blanks, answered, strict=True)]  # fmt: skip
+        works = [
+            dist.isend(torch.tensor(h, device=device), p, group=g)
+            for h, p, g, _ in sent
+        ]
+        works += [
+            dist.irecv(t, e[1], group=e[2])
+            for t, e in zip(blanks, answered, strict=True)
+        ]
         for work in works:
             work.wait()
     me = dist.get_rank()

@@ -43,8 +43,10 @@ def _check_blocks(
     n, numel = (size, numel) if as_list else (1, size * numel)
     got = [f"{str(b.dtype).removeprefix('torch.')}[{b.numel()}]" for b in blocks]
     if len(blocks) != n or any(b.numel() != numel or b.dtype != dtype for b in blocks):
-        raise ValueError(f"{what} must be {n} tensor(s) of {numel} {dtype} elements, "
-                         f"got {', '.join(got)}")  # fmt: skip
+        raise ValueError(
+            f"{what} must be {n} tensor(s) of {numel} {dtype} elements, "
+            f"got {', '.join(got)}"
+        )
 
 
 def _piece_count(chunk: Tensor) -> int:
@@ -60,9 +62,13 @@ def _pieces(chunks: list, count: int) -> list:
 
 
 def _stream(
-    sends: list, recvs: list, g: Members, send_ahead: int, recv_ahead: int,
+    sends: list,
+    recvs: list,
+    g: Members,
+    send_ahead: int,
+    recv_ahead: int,
     arrived: Callable[[int], None] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Send sends[m] right and receive recvs[m] from the left, m = 0, 1, ...; run
     `arrived(m)` once message m is in.
 
@@ -151,7 +157,14 @@ def ring_all_reduce(
     alpha, to turn mismatched calls into a ValueError on every rank.
     """
     g = members(group, "ring_all_reduce")
-    key = agree("ring_all_reduce", tensor, group, lambda: reduce_op(op), "op", check)
+    key = agree(
+        "ring_all_reduce",
+        tensor,
+        group,
+        validate=lambda: reduce_op(op),
+        key_name="op",
+        check=check,
+    )
     reduce = reduce_fn(key)
     flat = tensor.reshape(-1)  # a view when tensor is contiguous
     if g.size > 1 and flat.numel():
@@ -163,9 +176,11 @@ def ring_all_reduce(
 
 
 def ring_all_gather(
-    output: list[Tensor] | Tensor, tensor: Tensor, group: Group = None,
+    output: list[Tensor] | Tensor,
+    tensor: Tensor,
+    group: Group = None,
     check: bool = True,
-) -> list[Tensor] | Tensor:  # fmt: skip
+) -> list[Tensor] | Tensor:
     """Gather every rank's `tensor` into `output` around a ring: N-1 steps.
 
     `output` is a list of N tensors shaped like `tensor` (as dist.all_gather) or one
@@ -176,12 +191,12 @@ def ring_all_gather(
     as_list = isinstance(output, list)
     outs = output if as_list else [output]
 
-    def local() -> int:
+    def outputs_fit() -> int:
         what = "ring_all_gather: output"
         _check_blocks(what, outs, as_list, g.size, tensor.numel(), tensor.dtype)
         return -1
 
-    agree("ring_all_gather", tensor, group, local, "", check)
+    agree("ring_all_gather", tensor, group, validate=outputs_fit, check=check)
     flats = [o.reshape(-1) for o in outs]
     slots = flats if as_list else list(torch.tensor_split(flats[0], g.size))
     slots[g.rank].copy_(tensor.reshape(-1))
@@ -193,9 +208,12 @@ def ring_all_gather(
 
 
 def ring_reduce_scatter(
-    output: Tensor, input: list[Tensor] | Tensor, op: object = SUM,
-    group: Group = None, check: bool = True,
-) -> Tensor:  # fmt: skip
+    output: Tensor,
+    input: list[Tensor] | Tensor,
+    op: object = SUM,
+    group: Group = None,
+    check: bool = True,
+) -> Tensor:
     """Reduce across ranks and leave block r on rank r, around a ring: N-1 steps.
 
     `input` is a list of N tensors, block r going to rank r (as dist.reduce_scatter), or
@@ -206,12 +224,19 @@ def ring_reduce_scatter(
     as_list = isinstance(input, list)
     blocks = input if as_list else [input]
 
-    def local() -> int:
+    def inputs_fit_and_op() -> int:
         what = "ring_reduce_scatter: input"
         _check_blocks(what, blocks, as_list, g.size, output.numel(), output.dtype)
         return reduce_op(op)
 
-    key = agree("ring_reduce_scatter", output, group, local, "op", check)
+    key = agree(
+        "ring_reduce_scatter",
+        output,
+        group,
+        validate=inputs_fit_and_op,
+        key_name="op",
+        check=check,
+    )
     reduce = reduce_fn(key)
     work = torch.cat([b.reshape(-1) for b in blocks])  # a copy: input stays intact
     chunks = list(torch.tensor_split(work, g.size))  # N equal blocks
@@ -230,7 +255,14 @@ def naive_all_reduce(
     for the ring: the contrast that motivates rings. `check` as in ring_all_reduce.
     """
     g = members(group, "naive_all_reduce")
-    key = agree("naive_all_reduce", tensor, group, lambda: reduce_op(op), "op", check)
+    key = agree(
+        "naive_all_reduce",
+        tensor,
+        group,
+        validate=lambda: reduce_op(op),
+        key_name="op",
+        check=check,
+    )
     reduce = reduce_fn(key)
     flat = tensor.reshape(-1)
     if g.rank == 0 and flat.numel():

@@ -22,7 +22,7 @@ from distcourse.comm.agree import (
     members,
     reduce_fn,
     reduce_op,
-)  # fmt: skip
+)
 
 
 def tree_broadcast(
@@ -36,13 +36,22 @@ def tree_broadcast(
     """
     g = members(group, "tree_broadcast")
 
-    def local() -> int:
+    def source_rank() -> int:
         if not isinstance(src, int) or not 0 <= src < g.size:
-            raise ValueError(f"tree_broadcast: src={src!r} is out of range: valid "
-                             f"ranks are 0..{g.size - 1}")  # fmt: skip
+            raise ValueError(
+                f"tree_broadcast: src={src!r} is out of range: valid "
+                f"ranks are 0..{g.size - 1}"
+            )
         return src
 
-    agree("tree_broadcast", tensor, group, local, "src", check)
+    agree(
+        "tree_broadcast",
+        tensor,
+        group,
+        validate=source_rank,
+        key_name="src",
+        check=check,
+    )
     flat = tensor.reshape(-1)
     me = (g.rank - src) % g.size  # my place in the tree; the source is 0
     mask = 1
@@ -67,7 +76,14 @@ def tree_reduce(
     leaves them, scratch). `check` as in ring_all_reduce.
     """
     g = members(group, "tree_reduce")
-    key = agree("tree_reduce", tensor, group, lambda: reduce_op(op), "op", check)
+    key = agree(
+        "tree_reduce",
+        tensor,
+        group,
+        validate=lambda: reduce_op(op),
+        key_name="op",
+        check=check,
+    )
     reduce = reduce_fn(key)
     flat = tensor.reshape(-1)
     buf = torch.empty_like(flat) if flat.numel() else flat
@@ -93,6 +109,13 @@ def tree_all_reduce(
     2 * ceil(log2 N) rounds of the whole tensor. Like dist.all_reduce, but returns
     `tensor`. `check` as in ring_all_reduce (one check covers both halves).
     """
-    agree("tree_all_reduce", tensor, group, lambda: reduce_op(op), "op", check)
+    agree(
+        "tree_all_reduce",
+        tensor,
+        group,
+        validate=lambda: reduce_op(op),
+        key_name="op",
+        check=check,
+    )
     tree_reduce(tensor, op, group, check=False)
     return tree_broadcast(tensor, 0, group, check=False)

@@ -138,9 +138,14 @@ def train(
 
 
 def save(
-    path: str | Path, ddp: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-    epoch: int, step: int, done: int,
-) -> None:  # fmt: skip
+    path: str | Path,
+    ddp: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    epoch: int,
+    step: int,
+    done: int,
+) -> None:
     """Rank 0 writes everything; every rank's generator states travel to it first."""
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, rng_states())
@@ -150,7 +155,9 @@ def save(
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "rng": everyone,
-            "epoch": epoch, "step": step, "done": done,
-        }  # fmt: skip
+            "epoch": epoch,
+            "step": step,
+            "done": done,
+        }
         torch.save(state, path)
     dist.barrier()  # nobody loads before rank 0 has written

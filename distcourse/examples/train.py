@@ -26,9 +26,11 @@ def fit(
     sampler = loader.sampler
     losses: list[float] = []
     bar = tqdm(
-        range(epochs), disable=not progress, mininterval=0,
+        range(epochs),
+        disable=not progress,
+        mininterval=0,
         bar_format="epoch {n_fmt}/{total_fmt} |{bar:20}|{postfix}",
-    )  # fmt: skip
+    )
     model.train()
     for epoch in bar:
         if isinstance(sampler, DistributedSampler):

@@ -24,7 +24,7 @@ from distcourse.global_tensor import (
     rules,
     sbp,
     stages,
-)  # fmt: skip
+)
 from distcourse.global_tensor.create import full, ones, randn, to_global, zeros
 from distcourse.global_tensor.debug import DebugLog, debug
 from distcourse.global_tensor.io import load, save
@@ -34,7 +34,25 @@ from distcourse.global_tensor.stages import Stages
 from distcourse.global_tensor.tensor import GlobalTensor
 
 __all__ = [
-    "DebugLog", "GlobalTensor", "Placement", "Stages", "debug", "duality", "full",
-    "layouts", "load", "move", "ones", "parallelize", "placement", "randn",
-    "reductions", "rules", "save", "sbp", "stages", "to_global", "zeros",
-]  # fmt: skip
+    "DebugLog",
+    "GlobalTensor",
+    "Placement",
+    "Stages",
+    "debug",
+    "duality",
+    "full",
+    "layouts",
+    "load",
+    "move",
+    "ones",
+    "parallelize",
+    "placement",
+    "randn",
+    "reductions",
+    "rules",
+    "save",
+    "sbp",
+    "stages",
+    "to_global",
+    "zeros",
+]

@@ -152,8 +152,8 @@ def transfer_bytes(
     kind = collective(src, dst)
     if kind == "all_reduce":
         return total
-    d = src.dim if kind == "all_gather" else getattr(dst, "dim", 0)
-    longest = total // shape[d] * piece(shape[d], n, 0)[1] if shape[d] else 0
+    dim = src.dim if kind == "all_gather" else getattr(dst, "dim", 0)
+    longest = total // shape[dim] * piece(shape[dim], n, 0)[1] if shape[dim] else 0
     if kind == "all_gather":
         return 8 + longest
     if kind == "reduce_scatter":

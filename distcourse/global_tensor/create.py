@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from distcourse.comm.spec import MAX_DIMS, TensorSpec
 from distcourse.global_tensor.placement import Placement
 from distcourse.global_tensor.sbp import (
     Broadcast,
@@ -33,11 +34,16 @@ from distcourse.global_tensor.sbp import (
 )
 from distcourse.global_tensor.tensor import GlobalTensor, dual, rebox, watch_grad
 
-MAX_DIMS = 8
 
-
-def _factory(fn: Any, size: tuple, placement: Placement, sbp: Any, dtype: Any,
-             requires_grad: bool, name: str) -> GlobalTensor:  # fmt: skip
+def _factory(
+    fn: Any,
+    size: tuple,
+    placement: Placement,
+    sbp: Any,
+    dtype: Any,
+    requires_grad: bool,
+    name: str,
+) -> GlobalTensor:
     if len(size) == 1 and isinstance(size[0], list | tuple | torch.Size):
         size = tuple(size[0])
     sig = signature(sbp, placement.ndim, len(size), f"gt.{name}")
@@ -50,27 +56,49 @@ def _factory(fn: Any, size: tuple, placement: Placement, sbp: Any, dtype: Any,
     return out
 
 
-def randn(*size: Any, placement: Placement, sbp: Any, dtype: Any = None,
-          requires_grad: bool = False) -> GlobalTensor:  # fmt: skip
+def randn(
+    *size: Any,
+    placement: Placement,
+    sbp: Any,
+    dtype: Any = None,
+    requires_grad: bool = False,
+) -> GlobalTensor:
     """torch.randn(*size)'s values, placed; the same for every placement and sbp."""
     fn = lambda s, d: torch.randn(s, dtype=d)  # noqa: E731
     return _factory(fn, size, placement, sbp, dtype, requires_grad, "randn")
 
 
-def zeros(*size: Any, placement: Placement, sbp: Any, dtype: Any = None,
-          requires_grad: bool = False) -> GlobalTensor:  # fmt: skip
+def zeros(
+    *size: Any,
+    placement: Placement,
+    sbp: Any,
+    dtype: Any = None,
+    requires_grad: bool = False,
+) -> GlobalTensor:
     fn = lambda s, d: torch.zeros(s, dtype=d)  # noqa: E731
     return _factory(fn, size, placement, sbp, dtype, requires_grad, "zeros")
 
 
-def ones(*size: Any, placement: Placement, sbp: Any, dtype: Any = None,
-         requires_grad: bool = False) -> GlobalTensor:  # fmt: skip
+def ones(
+    *size: Any,
+    placement: Placement,
+    sbp: Any,
+    dtype: Any = None,
+    requires_grad: bool = False,
+) -> GlobalTensor:
     fn = lambda s, d: torch.ones(s, dtype=d)  # noqa: E731
     return _factory(fn, size, placement, sbp, dtype, requires_grad, "ones")
 
 
-def full(size: Any, fill_value: float, *, placement: Placement, sbp: Any,
-         dtype: Any = None, requires_grad: bool = False) -> GlobalTensor:  # fmt: skip
+def full(
+    size: Any,
+    fill_value: float,
+    *,
+    placement: Placement,
+    sbp: Any,
+    dtype: Any = None,
+    requires_grad: bool = False,
+) -> GlobalTensor:
     fn = lambda s, d: torch.full(s, fill_value, dtype=d)  # noqa: E731
     return _factory(fn, (tuple(size),), placement, sbp, dtype, requires_grad, "full")
 
@@ -80,29 +108,35 @@ def _logical(x: Tensor, pl: Placement, sig: Signature, what: str) -> tuple[int, 
     ValueError on every rank if they do not fit `sig`."""
     if x.dim() > MAX_DIMS:
         raise ValueError(f"{what}: at most {MAX_DIMS} dims")
-    row = [x.dim(), *x.shape, *[0] * (MAX_DIMS - x.dim())]
+    row = TensorSpec.of(x).encode()
     mine = torch.tensor(row, dtype=torch.int64, device=x.device)
     rows = [torch.empty_like(mine) for _ in range(dist.get_world_size(pl.flat))]
     dist.all_gather(rows, mine, group=pl.flat)
+    specs = [TensorSpec.decode(r) for r in torch.stack(rows).tolist()]
     by_rank = {
-        dist.get_global_rank(pl.flat, i) if pl.flat is not dist.group.WORLD else i: r
-        for i, r in enumerate(torch.stack(rows).tolist())
+        dist.get_global_rank(pl.flat, i) if pl.flat is not dist.group.WORLD else i: (
+            spec.shape  # type: ignore[union-attr]
+        )
+        for i, spec in enumerate(specs)
     }
-    table = {tuple(c.tolist()): by_rank[int(pl.grid[tuple(c)])] for c in
-             torch.cartesian_prod(*[torch.arange(n) for n in pl.hierarchy])
-             .reshape(-1, pl.ndim)}  # fmt: skip
-    nd = table[(0,) * pl.ndim][0]
-    shape = list(table[(0,) * pl.ndim][1 : 1 + nd])
+    table = {
+        tuple(c.tolist()): by_rank[int(pl.grid[tuple(c)])]
+        for c in torch.cartesian_prod(*[torch.arange(n) for n in pl.hierarchy]).reshape(
+            -1, pl.ndim
+        )
+    }
+    shape = list(table[(0,) * pl.ndim])
+    nd = len(shape)
     for d in range(nd):  # sum the sizes along d over the mesh dims that split d
         splits = [k for k, s in enumerate(sig) if s == Split(d)]
         others = [k for k in range(pl.ndim) if k not in splits]
         if splits:
             rows = [r for c, r in table.items() if all(c[k] == 0 for k in others)]
-            shape[d] = sum(r[1 + d] for r in rows)
+            shape[d] = sum(r[d] for r in rows if len(r) == nd)
     for c, r in table.items():
         want = local_shape(shape, sig, pl.hierarchy, c)
-        if r[0] != nd or tuple(r[1 : 1 + nd]) != want:
-            got = [tuple(v[1 : 1 + v[0]]) for v in table.values()]
+        if tuple(r) != tuple(want):
+            got = list(table.values())
             raise ValueError(
                 f"{what}: the pieces' shapes {got} (by mesh coordinate) do not make "
                 f"one tensor under {describe(sig)}: split pieces must follow "
@@ -116,8 +150,9 @@ class FromLocal(torch.autograd.Function):
     global gradient boxed into `grad` (None: the dual of `sig`)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, pl: Placement, sig: Signature,
-                grad: Signature | None) -> GlobalTensor:  # fmt: skip
+    def forward(
+        ctx: Any, x: Tensor, pl: Placement, sig: Signature, grad: Signature | None
+    ) -> GlobalTensor:
         ctx.sig = dual(sig) if grad is None else grad
         shape = _logical(x, pl, sig, "gt.to_global")
         if grad is not None:  # every rank decides alike, from the shapes
@@ -125,14 +160,15 @@ class FromLocal(torch.autograd.Function):
         x = x.detach().clone(memory_format=torch.contiguous_format)
         for k, s in enumerate(sig):  # broadcast: coordinate 0's values win
             if isinstance(s, Broadcast) and pl.hierarchy[k] > 1:
-                line = pl.grid.movedim(k, 0)[(slice(None), *pl.coord[:k],
-                                              *pl.coord[k + 1 :])]  # fmt: skip
+                line = pl.grid.movedim(k, 0)[
+                    (slice(None), *pl.coord[:k], *pl.coord[k + 1 :])
+                ]
                 dist.broadcast(x, src=int(line[0]), group=pl.groups[k])
         return GlobalTensor(x, pl, sig, shape)
 
     @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        return rebox(g, ctx.sig).local_tensor, None, None, None
+    def backward(ctx: Any, grad: Any) -> tuple:
+        return rebox(grad, ctx.sig).local_tensor, None, None, None
 
 
 def to_global(x: Any, placement: Placement, sbp: Any, *, grad_sbp: Any = None) -> Any:
@@ -150,9 +186,11 @@ def to_global(x: Any, placement: Placement, sbp: Any, *, grad_sbp: Any = None) -
     if not isinstance(x, Tensor):
         raise TypeError(f"gt.to_global: expected a Tensor or a Module, got {type(x)}")
     sig = signature(sbp, placement.ndim, x.dim(), "gt.to_global")
-    grad = None if grad_sbp is None else signature(
-        grad_sbp, placement.ndim, x.dim(), "grad_sbp"
-    )  # fmt: skip
+    grad = (
+        None
+        if grad_sbp is None
+        else signature(grad_sbp, placement.ndim, x.dim(), "grad_sbp")
+    )
     placement.require_member("gt.to_global")
     return FromLocal.apply(x.to(placement.device), placement, sig, grad)
 
@@ -161,8 +199,8 @@ def _module(module: nn.Module, placement: Placement, sbp: Any) -> nn.Module:
     for sub in module.modules():
         for name, p in list(sub.named_parameters(recurse=False)):
             with torch.no_grad():
-                g = to_global(p.detach(), placement, sbp)
-            new = nn.Parameter(g, requires_grad=p.requires_grad)
+                value = to_global(p.detach(), placement, sbp)
+            new = nn.Parameter(value, requires_grad=p.requires_grad)
             if p.requires_grad:
                 watch_grad(new)
             sub.register_parameter(name, new)

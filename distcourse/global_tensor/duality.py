@@ -94,9 +94,14 @@ def placed(whole: torch.Tensor, pl: Placement, sig: Any) -> GlobalTensor:
 
 
 def conversion_cost(
-    pl: Placement, shape: tuple[int, ...], src: Any, dst: Any, *,
-    grad_sbp: Any = None, arrives: Any = None,
-) -> Cost:  # fmt: skip
+    pl: Placement,
+    shape: tuple[int, ...],
+    src: Any,
+    dst: Any,
+    *,
+    grad_sbp: Any = None,
+    arrives: Any = None,
+) -> Cost:
     """Run x.to_global(sbp=dst, grad_sbp=grad_sbp) forward and backward on every
     rank of `pl` (a collective): x has signature `src`, dy arrives as `arrives`
     (default: arrives_as(dst), B's gradient as P)."""
@@ -121,9 +126,16 @@ def conversion_cost(
     got = whole.local_tensor  # on the placement's device; _values is on the host
     ok = dx.sbp == want and torch.equal(got, _values(shape, 1).to(got.device))
     return Cost(
-        describe(src_sig), describe(dst_sig), describe(come), describe(dx.sbp),
-        collectives(flog), collectives(blog), fl.bytes_sent(), bl.bytes_sent(), ok,
-    )  # fmt: skip
+        describe(src_sig),
+        describe(dst_sig),
+        describe(come),
+        describe(dx.sbp),
+        collectives(flog),
+        collectives(blog),
+        fl.bytes_sent(),
+        bl.bytes_sent(),
+        ok,
+    )
 
 
 def conversion_table(

@@ -31,16 +31,18 @@ from distcourse.global_tensor.tensor import GlobalTensor
 def _check_rank(rank: int, what: str) -> None:
     world = dist.get_world_size()
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
-        raise ValueError(f"{what} must be a rank of this world (0..{world - 1}), "
-                         f"got {rank!r}")  # fmt: skip
+        raise ValueError(
+            f"{what} must be a rank of this world (0..{world - 1}), got {rank!r}"
+        )
 
 
 def save(obj: Any, path: str | Path, global_dst_rank: int = 0) -> None:
     """Write obj with every global tensor made whole, from one rank."""
     _check_rank(global_dst_rank, "global_dst_rank")
     flat, spec = tree_flatten(obj)
-    whole = [t.full_tensor().detach() if isinstance(t, GlobalTensor) else t
-             for t in flat]  # fmt: skip
+    whole = [
+        t.full_tensor().detach() if isinstance(t, GlobalTensor) else t for t in flat
+    ]
     if dist.get_rank() == global_dst_rank:
         torch.save(tree_unflatten(whole, spec), path)
 

@@ -61,8 +61,10 @@ def dp_tp_plan(
         for name in names:
             if not isinstance(subs.get(name), nn.Linear):
                 got = type(subs[name]).__name__ if name in subs else "nothing"
-                raise ValueError(f"dp_tp_plan: {name!r} must name an nn.Linear of "
-                                 f"the model, it names {got}")  # fmt: skip
+                raise ValueError(
+                    f"dp_tp_plan: {name!r} must name an nn.Linear of "
+                    f"the model, it names {got}"
+                )
             plan[f"{name}.weight"] = weight
             if subs[name].bias is not None:
                 plan[f"{name}.bias"] = bias
@@ -75,16 +77,19 @@ def fits(name: str, shape: tuple[int, ...], sig: Any, pl: Placement) -> Signatur
     tensor-parallel layers and DTensor's chunks need). ValueError names the tensor."""
     sig = signature(sig, pl.ndim, len(shape), name)
     if any(isinstance(s, PartialSum) for s in sig):
-        raise ValueError(f"{name}: a parameter cannot be a partial sum "
-                         f"({describe(sig)}): its value would be a sum of "
-                         "pieces that no rank holds")  # fmt: skip
-    for d in {s.dim for s in sig if isinstance(s, Split)}:
-        ways = math.prod(n for s, n in zip(sig, pl.hierarchy, strict=True)
-                         if s == Split(d))  # fmt: skip
-        if shape[d] % ways:
+        raise ValueError(
+            f"{name}: a parameter cannot be a partial sum "
+            f"({describe(sig)}): its value would be a sum of "
+            "pieces that no rank holds"
+        )
+    for dim in {s.dim for s in sig if isinstance(s, Split)}:
+        ways = math.prod(
+            n for s, n in zip(sig, pl.hierarchy, strict=True) if s == Split(dim)
+        )
+        if shape[dim] % ways:
             raise ValueError(
-                f"{name}: {describe(sig)} splits dim {d} of shape {list(shape)} "
-                f"{ways} ways, but {shape[d]} is not divisible by {ways}"
+                f"{name}: {describe(sig)} splits dim {dim} of shape {list(shape)} "
+                f"{ways} ways, but {shape[dim]} is not divisible by {ways}"
             )
     return sig
 
@@ -96,27 +101,36 @@ def check_plan(
     parameter, every signature fitting, every parameter named once (or, with
     `rest`, those not named take `rest`)."""
     if not isinstance(placement, Placement):
-        raise TypeError(f"placement must be a Placement (gt.placement(...)), got "
-                        f"{type(placement).__name__}")  # fmt: skip
+        raise TypeError(
+            f"placement must be a Placement (gt.placement(...)), got "
+            f"{type(placement).__name__}"
+        )
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     unknown = sorted(set(plan) - set(shapes))
     if unknown:
-        raise ValueError(f"plan names {unknown}, which are not parameters of the "
-                         f"model (it has {sorted(shapes)})")  # fmt: skip
+        raise ValueError(
+            f"plan names {unknown}, which are not parameters of the "
+            f"model (it has {sorted(shapes)})"
+        )
     missing = sorted(set(shapes) - set(plan))
     if rest is not None:  # one SBP stands for itself on every mesh dimension
         whole = rest if isinstance(rest, tuple) else (rest,) * placement.ndim
         plan = {**dict.fromkeys(missing, whole), **plan}
     elif missing:
-        raise ValueError(f"plan gives no signature for {missing}: name every "
-                         "parameter (REPLICATED for a whole one)")  # fmt: skip
+        raise ValueError(
+            f"plan gives no signature for {missing}: name every "
+            "parameter (REPLICATED for a whole one)"
+        )
     return {n: fits(n, shapes[n], plan[n], placement) for n in shapes}
 
 
 def parallelize(
-    model: nn.Module, placement: Placement, plan: dict[str, Any], *,
+    model: nn.Module,
+    placement: Placement,
+    plan: dict[str, Any],
+    *,
     rest: Any = None,
-) -> nn.Module:  # fmt: skip
+) -> nn.Module:
     """Every parameter of `model` made a global parameter on `placement` under its
     plan's signature (changed in place, returned); with `rest` (e.g. broadcast,
     meaning B on every mesh dimension), the parameters the plan does not name
@@ -130,8 +144,8 @@ def parallelize(
         owner, _, leaf = name.rpartition(".")
         sub = model.get_submodule(owner)
         with torch.no_grad():
-            g = to_global(p.detach(), placement, whole).to_global(sbp=sigs[name])
-        new = nn.Parameter(g, requires_grad=p.requires_grad)
+            value = to_global(p.detach(), placement, whole).to_global(sbp=sigs[name])
+        new = nn.Parameter(value, requires_grad=p.requires_grad)
         if p.requires_grad:
             watch_grad(new)
         sub.register_parameter(leaf, new)
@@ -158,9 +172,15 @@ def cut(whole: Tensor, placement: Placement, sbp: Any) -> GlobalTensor:
 
 
 def mlp_step_bytes(
-    rows: int, c: int, hidden: int, dp: int, tp: int, *, boxed: bool = True,
+    rows: int,
+    c: int,
+    hidden: int,
+    dp: int,
+    tp: int,
+    *,
+    boxed: bool = True,
     item: int = 4,
-) -> int:  # fmt: skip
+) -> int:
     """Bytes one rank sends (as the Ledger counts) in a forward and backward of an
     MLP Linear(c, hidden) -> GELU -> Linear(hidden, c) under dp_tp_plan on a
     dp x tp placement (dp, tp >= 2), input `rows` x c under DATA, no input gradient.

@@ -44,9 +44,12 @@ HEADER_BYTES = HEADER_LEN * 8  # one int64 header (sender) or ack (receiver)
 
 
 def absent(
-    shape: tuple[int, ...], placement: Placement, sbp: Any,
-    dtype: torch.dtype = torch.float32, requires_grad: bool = False,
-) -> GlobalTensor:  # fmt: skip
+    shape: tuple[int, ...],
+    placement: Placement,
+    sbp: Any,
+    dtype: torch.dtype = torch.float32,
+    requires_grad: bool = False,
+) -> GlobalTensor:
     """What a rank outside `placement` holds of a tensor there: the logical shape,
     placement and signature, and an empty local piece."""
     shape = tuple(shape)
@@ -90,9 +93,11 @@ def check(x: Any, q: Any, what: str = "to_global") -> None:
             f"{what}: rank {me} is in neither {p} nor {q}; only the ranks of "
             "the two placements take part in a move"
         )
-    want = (0,) if me not in _flat(p) else tuple(
-        local_shape(tuple(x.shape), x.sbp, p.hierarchy, p.coord)
-    )  # fmt: skip
+    want = (
+        (0,)
+        if me not in _flat(p)
+        else tuple(local_shape(tuple(x.shape), x.sbp, p.hierarchy, p.coord))
+    )
     if tuple(x.local_tensor.shape) != want:
         raise ValueError(
             f"{what}: rank {me}'s local piece has shape {list(x.local_tensor.shape)}, "
@@ -122,9 +127,14 @@ def move(x: GlobalTensor, q: Placement, sig: Signature) -> GlobalTensor:
 
 
 def move_bytes(
-    shape: tuple[int, ...], item: int, p: Placement, src: Signature,
-    q: Placement, dst: Signature, rank: int,
-) -> int:  # fmt: skip
+    shape: tuple[int, ...],
+    item: int,
+    p: Placement,
+    src: Signature,
+    q: Placement,
+    dst: Signature,
+    rank: int,
+) -> int:
     """Bytes `rank` sends in a move, as the Ledger counts them: its boxing to
     broadcast on p (boxing.transfer_bytes per step), a header plus the piece for each
     rank of q it serves (no data message for an empty piece), and one ack if it
@@ -151,17 +161,20 @@ class Move(torch.autograd.Function):
     signature `grad`."""
 
     @staticmethod
-    def forward(ctx: Any, x: GlobalTensor, q: Placement, sig: Signature,
-                grad: Signature) -> Any:  # fmt: skip
+    def forward(
+        ctx: Any, x: GlobalTensor, q: Placement, sig: Signature, grad: Signature
+    ) -> Any:
         ctx.p, ctx.grad = x.placement, grad
         return move(x, q, sig)
 
     @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        if not isinstance(g, GlobalTensor):
-            raise TypeError(f"to_global backward: expected a global gradient, got "
-                            f"{type(g).__name__}")  # fmt: skip
-        return move(g, ctx.p, ctx.grad), None, None, None
+    def backward(ctx: Any, grad: Any) -> tuple:
+        if not isinstance(grad, GlobalTensor):
+            raise TypeError(
+                f"to_global backward: expected a global gradient, got "
+                f"{type(grad).__name__}"
+            )
+        return move(grad, ctx.p, ctx.grad), None, None, None
 
 
 def to_placement(
@@ -173,12 +186,15 @@ def to_placement(
     check(x, q, what)
     p = x.placement
     if sbp is None and q.ndim != p.ndim:
-        raise ValueError(f"{what}: give sbp= to move from a {p.ndim}-D to a "
-                         f"{q.ndim}-D placement")  # fmt: skip
+        raise ValueError(
+            f"{what}: give sbp= to move from a {p.ndim}-D to a {q.ndim}-D placement"
+        )
     sig = x.sbp if sbp is None else signature(sbp, q.ndim, x.dim(), what)
-    grad = dual(x.sbp) if grad_sbp is None else signature(
-        grad_sbp, p.ndim, x.dim(), "grad_sbp"
-    )  # fmt: skip
+    grad = (
+        dual(x.sbp)
+        if grad_sbp is None
+        else signature(grad_sbp, p.ndim, x.dim(), "grad_sbp")
+    )
     return Move.apply(x, q, sig, grad)
 
 

@@ -114,8 +114,9 @@ def _grid(ranks: Sequence | None, world: int) -> torch.Tensor:
             f"{ranks!r} ({err})"
         ) from None
     if grid.dim() not in (1, 2) or grid.numel() == 0:
-        raise ValueError(f"placement ranks must be a non-empty 1-D or 2-D array, got "
-                         f"{ranks!r}")  # fmt: skip
+        raise ValueError(
+            f"placement ranks must be a non-empty 1-D or 2-D array, got {ranks!r}"
+        )
     flat = grid.flatten().tolist()
     bad = [r for r in flat if not 0 <= r < world]
     if bad:
@@ -126,8 +127,10 @@ def _grid(ranks: Sequence | None, world: int) -> torch.Tensor:
         raise ValueError(f"placement ranks must be distinct, got {ranks!r}")
     for dim in range(grid.dim()):  # torch numbers a group's ranks in sorted order
         if any(line != sorted(line) for line in _lines(grid, dim)):
-            raise ValueError(f"placement ranks must increase along every mesh "
-                             f"dimension, got {ranks!r}")  # fmt: skip
+            raise ValueError(
+                f"placement ranks must increase along every mesh "
+                f"dimension, got {ranks!r}"
+            )
     return grid
 
 
@@ -163,8 +166,10 @@ def _from_mesh(mesh: Any) -> Placement:
     """A placement over a distcourse Mesh or a torch DeviceMesh, sharing its groups."""
     device_mesh = getattr(mesh, "device_mesh", mesh)
     if not hasattr(device_mesh, "get_group") or not hasattr(device_mesh, "mesh"):
-        raise ValueError(f"mesh= must be a distcourse Mesh or a DeviceMesh, got "
-                         f"{type(mesh).__name__}")  # fmt: skip
+        raise ValueError(
+            f"mesh= must be a distcourse Mesh or a DeviceMesh, got "
+            f"{type(mesh).__name__}"
+        )
     grid = device_mesh.mesh.to(torch.int64).cpu()
     if grid.dim() > 2:
         raise ValueError(f"placements are 1-D or 2-D; this mesh is {grid.dim()}-D")

@@ -55,10 +55,12 @@ def _reduce(call: Call) -> Decision:
     if call.func in (aten.mean.default, aten.mean.dim):
         count = numel([call.shape(0)[d] for d in dims])
 
-        def local(x: Tensor, *args: Any, dtype: Any = None, **kwargs: Any) -> Tensor:
+        def share_of_mean(
+            x: Tensor, *args: Any, dtype: Any = None, **kwargs: Any
+        ) -> Tensor:
             return torch.sum(x, dims, keepdim=keep, dtype=dtype) / count
 
-        decision.local = local
+        decision.local = share_of_mean
     return decision
 
 
@@ -78,10 +80,10 @@ def _mse(call: Call) -> Decision:
     if reduction == MEAN:
         count = numel(call.shape(0))
 
-        def local(x: Tensor, y: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        def share_of_mean_loss(x: Tensor, y: Tensor, *args: Any, **kw: Any) -> Tensor:
             return aten.mse_loss.default(x, y, SUM) / count
 
-        decision.local = local
+        decision.local = share_of_mean_loss
     return decision
 
 
@@ -100,10 +102,10 @@ def _mse_backward(call: Call) -> Decision:
     if reduction == MEAN:
         count = numel(call.shape(1))
 
-        def local(g: Tensor, x: Tensor, y: Tensor, *args: Any) -> Tensor:
+        def share_of_mean_grad(g: Tensor, x: Tensor, y: Tensor, *args: Any) -> Tensor:
             return aten.mse_loss_backward.default(g, x, y, SUM) / count
 
-        decision.local = local
+        decision.local = share_of_mean_grad
     return decision
 
 
@@ -132,7 +134,9 @@ def _nll(call: Call) -> Decision:
         return decision
     pl = call.placement
 
-    def local(x: Tensor, t: Tensor, w: Tensor | None, r: int, ignore: int) -> Any:
+    def piece_loss_and_weight(
+        x: Tensor, t: Tensor, w: Tensor | None, r: int, ignore: int
+    ) -> Any:
         total, _ = aten.nll_loss_forward.default(x, t, w, SUM, ignore)
         keep = (t != ignore).to(x.dtype)
         weight = keep if w is None else w[t.clamp(0, x.size(-1) - 1)] * keep
@@ -143,7 +147,7 @@ def _nll(call: Call) -> Decision:
             count = reduce_from_group(count, pl.groups[k], check=False)
         return (total / count if r == MEAN else total), count
 
-    decision.local = local
+    decision.local = piece_loss_and_weight
     return decision
 
 
@@ -164,8 +168,7 @@ def _softmax(call: Call) -> Decision:
     return Decision(*per_dim(call, rule))
 
 
-@register(aten._log_softmax_backward_data.default,
-          aten._softmax_backward_data.default)  # fmt: skip
+@register(aten._log_softmax_backward_data.default, aten._softmax_backward_data.default)
 def _softmax_backward(call: Call) -> Decision:
     dim = call.args[2] % len(call.shape(0))
 

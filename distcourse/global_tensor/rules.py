@@ -55,29 +55,80 @@ def register(*ops: Any) -> Callable:
 
 # -------------------------------------------------------------- elementwise ----
 
-ADD = [aten.add.Tensor, aten.sub.Tensor, aten.add_.Tensor, aten.sub_.Tensor,
-       aten.lerp.Scalar, aten.lerp_.Scalar, aten.copy_.default]  # fmt: skip
+ADD = [
+    aten.add.Tensor,
+    aten.sub.Tensor,
+    aten.add_.Tensor,
+    aten.sub_.Tensor,
+    aten.lerp.Scalar,
+    aten.lerp_.Scalar,
+    aten.copy_.default,
+]
 MUL = [aten.mul.Tensor, aten.mul_.Tensor]
-FIRST = [aten.div.Tensor, aten.div_.Tensor, aten.threshold_backward.default,
-         aten.gelu_backward.default, aten.sigmoid_backward.default,
-         aten.tanh_backward.default, aten.silu_backward.default]  # fmt: skip
-UNARY = [aten.neg.default, aten.mul.Scalar, aten.div.Scalar, aten.mul_.Scalar,
-         aten.div_.Scalar, aten.clone.default, aten.detach.default, aten.alias.default,
-         aten._to_copy.default, aten.zero_.default]  # fmt: skip
-NONLINEAR = [aten.relu.default, aten.relu_.default, aten.gelu.default,
-             aten.sigmoid.default, aten.tanh.default, aten.exp.default,
-             aten.log.default, aten.sqrt.default, aten.rsqrt.default, aten.abs.default,
-             aten.pow.Tensor_Scalar, aten.silu.default, aten.add.Scalar,
-             aten.sub.Scalar, aten.rsub.Scalar, aten.addcmul.default,
-             aten.addcmul_.default, aten.addcdiv.default, aten.addcdiv_.default,
-             aten.maximum.default, aten.minimum.default, aten.clamp.default,
-             aten.fill_.Scalar, aten.where.self, aten.eq.Tensor, aten.eq.Scalar,
-             aten.gt.Scalar, aten.lt.Scalar, aten.ge.Scalar, aten.le.Scalar,
-             aten.sign.default, aten.reciprocal.default, aten.sqrt_.default,
-             aten.square.default]  # fmt: skip
-KIND = {**{op: "add" for op in ADD}, **{op: "mul" for op in MUL},
-        **{op: "first" for op in FIRST}, **{op: "unary" for op in UNARY},
-        **{op: None for op in NONLINEAR}}  # fmt: skip
+FIRST = [
+    aten.div.Tensor,
+    aten.div_.Tensor,
+    aten.threshold_backward.default,
+    aten.gelu_backward.default,
+    aten.sigmoid_backward.default,
+    aten.tanh_backward.default,
+    aten.silu_backward.default,
+]
+UNARY = [
+    aten.neg.default,
+    aten.mul.Scalar,
+    aten.div.Scalar,
+    aten.mul_.Scalar,
+    aten.div_.Scalar,
+    aten.clone.default,
+    aten.detach.default,
+    aten.alias.default,
+    aten._to_copy.default,
+    aten.zero_.default,
+]
+NONLINEAR = [
+    aten.relu.default,
+    aten.relu_.default,
+    aten.gelu.default,
+    aten.sigmoid.default,
+    aten.tanh.default,
+    aten.exp.default,
+    aten.log.default,
+    aten.sqrt.default,
+    aten.rsqrt.default,
+    aten.abs.default,
+    aten.pow.Tensor_Scalar,
+    aten.silu.default,
+    aten.add.Scalar,
+    aten.sub.Scalar,
+    aten.rsub.Scalar,
+    aten.addcmul.default,
+    aten.addcmul_.default,
+    aten.addcdiv.default,
+    aten.addcdiv_.default,
+    aten.maximum.default,
+    aten.minimum.default,
+    aten.clamp.default,
+    aten.fill_.Scalar,
+    aten.where.self,
+    aten.eq.Tensor,
+    aten.eq.Scalar,
+    aten.gt.Scalar,
+    aten.lt.Scalar,
+    aten.ge.Scalar,
+    aten.le.Scalar,
+    aten.sign.default,
+    aten.reciprocal.default,
+    aten.sqrt_.default,
+    aten.square.default,
+]
+KIND = {
+    **{op: "add" for op in ADD},
+    **{op: "mul" for op in MUL},
+    **{op: "first" for op in FIRST},
+    **{op: "unary" for op in UNARY},
+    **{op: None for op in NONLINEAR},
+}
 
 
 def out_shape(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
@@ -99,8 +150,9 @@ def need_for(target: SBP, shape: tuple[int, ...], out: tuple[int, ...]) -> SBP:
     return Split(j) if j >= 0 and shape[j] == out[target.dim] else B
 
 
-def pointwise(kinds: list[SBP | None], call: Call, kind: str | None = None,
-              inplace: bool = False) -> tuple[list, list]:  # fmt: skip
+def pointwise(
+    kinds: list[SBP | None], call: Call, kind: str | None = None, inplace: bool = False
+) -> tuple[list, list]:
     """The elementwise rule on one mesh dimension (see the module docstring)."""
     kind = KIND.get(call.func, kind) if kind is None else kind
     shapes = [call.shape(i) for i in range(len(kinds))]
@@ -116,8 +168,10 @@ def pointwise(kinds: list[SBP | None], call: Call, kind: str | None = None,
         if inplace and k is not None:  # the output is the first operand
             target = Split(k.dim + len(out) - len(shape)) if isinstance(k, Split) else k
             break
-        if isinstance(k, Split) and need_for(Split(k.dim + len(out) - len(shape)),
-                                             shape, out) == k:  # fmt: skip
+        if (
+            isinstance(k, Split)
+            and need_for(Split(k.dim + len(out) - len(shape)), shape, out) == k
+        ):
             target = Split(k.dim + len(out) - len(shape))
             break
     else:
@@ -215,8 +269,8 @@ def _transpose(call: Call) -> Decision:
 
 @register(aten.unsqueeze.default)
 def _unsqueeze(call: Call) -> Decision:
-    d = call.args[1] % (len(call.shape(0)) + 1)
-    return _moved(call, lambda i: i + (i >= d))
+    dim = call.args[1] % (len(call.shape(0)) + 1)
+    return _moved(call, lambda i: i + (i >= dim))
 
 
 def _resized(call: Call, where: Callable[[int], int | None]) -> Decision:
@@ -225,11 +279,11 @@ def _resized(call: Call, where: Callable[[int], int | None]) -> Decision:
     shape = call.out_shapes()[0]
     pl = call.placement
 
-    def local(x: Any, _size: Any, *rest: Any, **kw: Any) -> Any:
+    def resize_piece(x: Any, _size: Any, *rest: Any, **kw: Any) -> Any:
         size = local_shape(shape, decision.outs[0], pl.hierarchy, pl.coord)
         return call.func(x, list(size), *rest, **kw)
 
-    decision.local = local
+    decision.local = resize_piece
     return decision
 
 
@@ -242,8 +296,10 @@ def _view(call: Call) -> Decision:
         """Where split dim i goes: the same size at the same offset, or (when every
         piece stays whole rows) the head of a merge or of a split of dims."""
         ways = _prod([n for s, n in zip(sig, mesh, strict=True) if s == Split(i)])
-        j = next((j for j in range(len(new) + 1) if _prod(new[:j]) >= _prod(old[:i])),
-                 len(new))  # fmt: skip
+        j = next(
+            (j for j in range(len(new) + 1) if _prod(new[:j]) >= _prod(old[:i])),
+            len(new),
+        )
         if j == len(new) or _prod(new[:j]) != _prod(old[:i]):
             return None
         if new[j] == old[i]:
@@ -283,16 +339,24 @@ def _prod(xs: tuple[int, ...] | list[int]) -> int:
 # ----------------------------------------------------------- like / new_* ----
 
 
-@register(aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default,
-          aten.full_like.default)  # fmt: skip
+@register(
+    aten.zeros_like.default,
+    aten.ones_like.default,
+    aten.empty_like.default,
+    aten.full_like.default,
+)
 def _like(call: Call) -> Decision:
     """A new tensor shaped like x: S stays S; P becomes B (ones under P would sum)."""
     sig = tuple(B if s == P else s for s in call.sigs[0])
     return Decision([call.sigs[0]] + [None] * (len(call.tensors) - 1), [sig])
 
 
-@register(aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default,
-          aten.new_full.default)  # fmt: skip
+@register(
+    aten.new_zeros.default,
+    aten.new_ones.default,
+    aten.new_empty.default,
+    aten.new_full.default,
+)
 def _new(call: Call) -> Decision:
     """x.new_zeros(size): a whole tensor of the given (logical) size on every rank."""
     b = tuple(B for _ in range(call.placement.ndim))

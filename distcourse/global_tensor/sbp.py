@@ -120,8 +120,13 @@ def local_shape(
     return tuple(out)
 
 
-def check_grad_fits(shape: Sequence[int], sig: Signature, grad: Signature,
-                    mesh: Sequence[int], what: str) -> None:  # fmt: skip
+def check_grad_fits(
+    shape: Sequence[int],
+    sig: Signature,
+    grad: Signature,
+    mesh: Sequence[int],
+    what: str,
+) -> None:
     """ValueError unless a gradient boxed into `grad` gives every coordinate of the
     mesh a piece of the same shape as `sig` does (the local tensor's gradient must
     have the local tensor's shape). Decided from shapes alone, for every coordinate,

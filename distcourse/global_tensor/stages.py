@@ -56,25 +56,35 @@ class Stages:
     """
 
     def __init__(
-        self, parts: Sequence[nn.Module], placements: Sequence[Placement],
-        plans: Sequence[dict[str, Any]], *, data_sbp: Any = DATA,
-    ) -> None:  # fmt: skip
+        self,
+        parts: Sequence[nn.Module],
+        placements: Sequence[Placement],
+        plans: Sequence[dict[str, Any]],
+        *,
+        data_sbp: Any = DATA,
+    ) -> None:
         if not len(parts) == len(placements) == len(plans) or not parts:
-            raise ValueError(f"Stages: {len(parts)} parts, {len(placements)} "
-                             f"placements and {len(plans)} plans: give one "
-                             "placement and one plan per part")  # fmt: skip
+            raise ValueError(
+                f"Stages: {len(parts)} parts, {len(placements)} "
+                f"placements and {len(plans)} plans: give one "
+                "placement and one plan per part"
+            )
         seen: dict[int, int] = {}
         triples = zip(parts, placements, plans, strict=True)
         for k, (part, pl, plan) in enumerate(triples):
             if getattr(pl, "hierarchy", None) != placements[0].hierarchy:
-                raise ValueError(f"Stages: placement {k} is {pl!r}, of another "
-                                 f"shape than placement 0, "
-                                 f"{placements[0]!r}")  # fmt: skip
+                raise ValueError(
+                    f"Stages: placement {k} is {pl!r}, of another "
+                    f"shape than placement 0, "
+                    f"{placements[0]!r}"
+                )
             check_plan(part, pl, plan)
             for r in pl.grid.flatten().tolist():
                 if r in seen:
-                    raise ValueError(f"Stages: rank {r} is in placements {seen[r]} "
-                                     f"and {k}: a rank holds one stage")  # fmt: skip
+                    raise ValueError(
+                        f"Stages: rank {r} is in placements {seen[r]} "
+                        f"and {k}: a rank holds one stage"
+                    )
                 seen[r] = k
         self.placements = list(placements)
         self.sig: Signature = signature(data_sbp, placements[0].ndim, 2, "data_sbp")
@@ -133,15 +143,20 @@ class Stages:
         loss on the last stage's ranks; None on the others."""
         n = x.shape[0] if x.dim() else 0
         if x.dim() < 2 or y.shape[:1] != x.shape[:1]:
-            raise ValueError(f"Stages.step: x {list(x.shape)} and y {list(y.shape)} "
-                             "need the same batch dim, x at least 2-D")  # fmt: skip
+            raise ValueError(
+                f"Stages.step: x {list(x.shape)} and y {list(y.shape)} "
+                "need the same batch dim, x at least 2-D"
+            )
         mesh = self.placements[0].hierarchy
-        rows = math.prod(size for s, size in zip(self.sig, mesh, strict=True)
-                         if s == Split(0))  # fmt: skip
+        rows = math.prod(
+            size for s, size in zip(self.sig, mesh, strict=True) if s == Split(0)
+        )
         if micro_batches < 1 or n % (rows * micro_batches):
-            raise ValueError(f"Stages.step: a batch of {n} rows does not divide into "
-                             f"{micro_batches} micro-batches of {rows} equal "
-                             "data-parallel pieces")  # fmt: skip
+            raise ValueError(
+                f"Stages.step: a batch of {n} rows does not divide into "
+                f"{micro_batches} micro-batches of {rows} equal "
+                "data-parallel pieces"
+            )
         xs, ys = x.chunk(micro_batches), y.chunk(micro_batches)
         pairs = zip(xs, ys, strict=True)
         held = [self.forward(a, b, loss_fn, micro_batches) for a, b in pairs]
@@ -153,9 +168,16 @@ class Stages:
 
 
 def pipeline_mlp_bytes(
-    stage: int, stages: int, rows: int, c: int, hidden: int, dp: int, tp: int,
-    micro_batches: int, item: int = 4,
-) -> int:  # fmt: skip
+    stage: int,
+    stages: int,
+    rows: int,
+    c: int,
+    hidden: int,
+    dp: int,
+    tp: int,
+    micro_batches: int,
+    item: int = 4,
+) -> int:
     """Bytes one rank of `stage` sends in a Stages.step of MLP stages (each under
     dp_tp_plan on a dp x tp placement), as the Ledger counts them.
 

@@ -77,9 +77,13 @@ class GlobalTensor(Tensor):
     ) -> GlobalTensor:
         shape = tuple(shape)
         out = Tensor._make_wrapper_subclass(
-            cls, shape, strides=_strides(shape), dtype=local.dtype,
-            device=local.device, requires_grad=requires_grad,
-        )  # fmt: skip
+            cls,
+            shape,
+            strides=_strides(shape),
+            dtype=local.dtype,
+            device=local.device,
+            requires_grad=requires_grad,
+        )
         out._local = local.detach() if local.requires_grad else local
         out._placement, out._sbp = placement, tuple(sbp)
         return out
@@ -114,8 +118,13 @@ class GlobalTensor(Tensor):
             watch_grad(self)
         return self
 
-    def backward(self, gradient: Any = None, retain_graph: Any = None,
-                 create_graph: bool = False, inputs: Any = None) -> None:  # fmt: skip
+    def backward(
+        self,
+        gradient: Any = None,
+        retain_graph: Any = None,
+        create_graph: bool = False,
+        inputs: Any = None,
+    ) -> None:
         """torch's backward, with its arguments checked first (ValueError on every
         rank, before any collective): a non-scalar needs `gradient`, a global tensor
         of the same logical shape and placement (any signature)."""
@@ -161,9 +170,12 @@ class GlobalTensor(Tensor):
         return ToLocal.apply(self, grad)
 
     def to_global(
-        self, placement: Placement | None = None, sbp: Any = None, *,
+        self,
+        placement: Placement | None = None,
+        sbp: Any = None,
+        *,
         grad_sbp: Any = None,
-    ) -> GlobalTensor:  # fmt: skip
+    ) -> GlobalTensor:
         """The same logical tensor under another signature (boxing, a collective
         on every rank of the placement). To another placement: a move, which every
         rank of both placements calls (see global_tensor.move)."""
@@ -172,9 +184,11 @@ class GlobalTensor(Tensor):
                 raise RuntimeError("moving placements: import distcourse.global_tensor")
             return mover(self, placement, sbp, grad_sbp)
         what = "to_global"
-        target = self._sbp if sbp is None else signature(
-            sbp, self._placement.ndim, self.dim(), what
-        )  # fmt: skip
+        target = (
+            self._sbp
+            if sbp is None
+            else signature(sbp, self._placement.ndim, self.dim(), what)
+        )
         grad = _grad_signature(self, grad_sbp, self._sbp)
         self._placement.require_member(what)
         return Redistribute.apply(self, target, grad)
@@ -203,8 +217,9 @@ def watch_grad(t: GlobalTensor) -> None:
         if not isinstance(g, GlobalTensor) or g.sbp == target:
             return g
         if debug.active():
-            debug.record(f"  gradient into a leaf: {describe(g.sbp)} -> "
-                         f"{describe(target)}")  # fmt: skip
+            debug.record(
+                f"  gradient into a leaf: {describe(g.sbp)} -> {describe(target)}"
+            )
         return rebox(g, target)
 
     t.register_hook(hook)

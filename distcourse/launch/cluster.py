@@ -27,11 +27,13 @@ import ipyparallel as ipp
 from ipyparallel.cluster.launcher import LocalControllerLauncher, MPIEngineSetLauncher
 
 from distcourse import rendezvous, runtime
+from distcourse.arguments import positive_int
 
 DEFAULT_RANKS = 4  # on a CPU machine; a GPU box defaults to one rank per GPU
-# Engines become visible on the controller's heartbeat; ipyparallel's default of 3 s
-# made "ready" take 5-6 s. 200 ms beats with 150 allowed misses keep the same 30 s
-# tolerance for an engine that stops answering.
+# Engines become visible on the controller's heartbeat, so its period bounds how
+# soon a cluster is ready; ipyparallel's default period (3 s) would hold up every
+# start. 200 ms beats with 150 allowed misses keep the default's 30 s tolerance for
+# an engine that stops answering.
 _CONTROLLER_ARGS = [
     "--usethreads",  # schedulers as threads: fewer processes on a small machine
     "--HeartMonitor.period=200",
@@ -119,9 +121,14 @@ _current: Ranks | None = None
 
 
 def _engine_init(
-    rank: int, world_size: int, port: int, backend: str | None, timeout: float,
-    debug: bool, path: list[str],
-) -> dict[str, Any]:  # fmt: skip
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str | None,
+    timeout: float,
+    debug: bool,
+    path: list[str],
+) -> dict[str, Any]:
     """Runs on each engine: see the kernel's modules, join the group via its store."""
     sys.path.extend(p for p in path if p not in sys.path)
     store = rendezvous.make_store(
@@ -170,8 +177,7 @@ def start(
     """
     global _current
     n = default_ranks() if n is None else n
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"number of ranks must be a positive integer, got {n!r}")
+    positive_int(n, "number of ranks")
     rendezvous.as_timedelta(timeout)
     runtime.pick_backend(0, n, backend)  # a bad backend fails here, not on n engines
     if _current is not None:
@@ -194,9 +200,13 @@ def start(
 
 
 def _connect(
-    cluster: ipp.Cluster, n: int, store: Any, backend: str | None, timeout: float,
+    cluster: ipp.Cluster,
+    n: int,
+    store: Any,
+    backend: str | None,
+    timeout: float,
     debug: bool,
-) -> tuple[ipp.Client, ipp.DirectView, list[dict], float]:  # fmt: skip
+) -> tuple[ipp.Client, ipp.DirectView, list[dict], float]:
     """Start the engines, wait for all n, join each to the group as rank = engine id."""
     cluster.start_cluster_sync()
     client = cluster.connect_client_sync()

@@ -135,9 +135,12 @@ def _text(lines: tuple[str, ...] | list[str], style: str = "") -> str:
 def _only_printer(rows: list[Row], failed: dict[int, str]) -> int | None:
     """The one rank that printed, when exactly one did (and none failed)."""
     printed = {
-        r for row in rows if isinstance(row, PerRank) for r, ls in enumerate(row.lines)
+        r
+        for row in rows
+        if isinstance(row, PerRank)
+        for r, ls in enumerate(row.lines)
         if ls
-    }  # fmt: skip
+    }
     alone = len(printed) == 1 and not failed
     return (
         printed.pop() if alone and all(isinstance(r, PerRank) for r in rows) else None
@@ -221,8 +224,9 @@ def show(per_rank: Sequence[str | Sequence[str]]) -> None:
     if isinstance(per_rank, str) or not per_rank:
         raise ValueError("show: give one text or list of lines per rank")
     outputs = [
-        split_lines(out) if isinstance(out, str)
+        split_lines(out)
+        if isinstance(out, str)
         else [part for line in out for part in str(line).split("\n")]
         for out in per_rank
-    ]  # fmt: skip
+    ]
     display(RankOutput(outputs))

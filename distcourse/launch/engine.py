@@ -37,8 +37,8 @@ def engines(kernel_pid: int, n: int, argv: list[str]) -> None:
     """Fork `n` engines after importing torch; forward signals; reap them."""
     import ipyparallel.engine.app  # noqa: F401  (warm import, shared by the forks)
 
-    # torch, and what DTensor and pipelines import on first use (torch._dynamo: 1-2 s
-    # of CPU in every engine), once here instead of once per engine
+    # torch, and what DTensor and pipelines import on first use (torch._dynamo, a
+    # heavy import), once here for all the forks instead of once per engine
     from distcourse.launch.spawn import PRELOAD
 
     for name in PRELOAD:

@@ -112,8 +112,11 @@ def run_script(
             child_env.setdefault("GLOO_SOCKET_IFNAME", gloo_if)
         done = subprocess.run(
             [sys.executable, str(program), *args],
-            capture_output=True, text=True, timeout=timeout, env=child_env,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=child_env,
+        )
     if done.returncode != 0:
         tail = "\n".join(done.stderr.splitlines()[-20:])
         raise RuntimeError(f"{path.name} exited with {done.returncode}:\n{tail}")

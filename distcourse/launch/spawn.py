@@ -15,14 +15,15 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from distcourse.arguments import positive_int
 from distcourse.launch.watchdog import watch_parent
 from distcourse.rendezvous import LOOPBACK, as_timedelta, make_store, serve_store
 from distcourse.runtime import DEFAULT_TIMEOUT, RankError, init, shutdown
 
 _preloaded = False
 # Imported once by the forkserver, so that no rank imports them again. DTensor, device
-# meshes and pipelines on meta tensors import torch._dynamo on first use: about a
-# second of CPU in every rank that would otherwise pay it (the engines do the same).
+# meshes and pipelines on meta tensors import torch._dynamo on first use, a heavy
+# import every rank would otherwise pay again (the engines do the same).
 PRELOAD = [
     "torch",
     "torch._dynamo",
@@ -33,7 +34,7 @@ PRELOAD = [
 
 
 def _context() -> Any:
-    """A forkserver that imported PRELOAD once: each rank starts in milliseconds."""
+    """A forkserver that imported PRELOAD once: each rank is a fork of it, ready."""
     global _preloaded
     import multiprocessing as mp
 
@@ -59,10 +60,13 @@ def _child(
                 rank, world_size, LOOPBACK, port, options["timeout"], serve=False
             )
             init(
-                rank, world_size, store=store,
-                backend=options["backend"], timeout=options["timeout"],
+                rank,
+                world_size,
+                store=store,
+                backend=options["backend"],
+                timeout=options["timeout"],
                 debug=options["debug"],
-            )  # fmt: skip
+            )
         result = fn(*args, **kwargs)
         reply = ("ok", pickle.dumps(result))
     except BaseException as err:  # report everything, even SystemExit
@@ -98,8 +102,7 @@ def spawn(
 
     import cloudpickle
 
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    positive_int(world_size, "world_size")
     as_timedelta(timeout)
     deadline = 2 * timeout + 30 if deadline is None else deadline
     ctx = _context()
@@ -113,9 +116,11 @@ def spawn(
             recv, send = ctx.Pipe(duplex=False)
             opts = dict(options, caller=os.getpid())
             proc = ctx.Process(
-                target=_child, args=(rank, world_size, payload, port, opts, send),
-                name=f"rank-{rank}", daemon=True,
-            )  # fmt: skip
+                target=_child,
+                args=(rank, world_size, payload, port, opts, send),
+                name=f"rank-{rank}",
+                daemon=True,
+            )
             proc.start()
             send.close()
             procs.append(proc)

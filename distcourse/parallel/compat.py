@@ -96,7 +96,9 @@ def ddp_options(module: nn.Module, **args: Any) -> DDPOptions:
 
 def _group(process_group: Group, group: Group, device_mesh: Any) -> Group:
     """The one process group named by `process_group`, `group` or a 1-D device mesh."""
-    given = [g for g in (process_group, group, device_mesh) if g is not None]
+    given = [
+        option for option in (process_group, group, device_mesh) if option is not None
+    ]
     if len(given) > 1:
         raise ValueError("DDP: pass one of process_group, group and device_mesh")
     if device_mesh is not None:

@@ -90,11 +90,18 @@ class DDP(nn.Module):
 
     Takes torch's DistributedDataParallel arguments, in torch's order and with their
     meaning (`parallel.compat` says which are implemented, accepted or refused), so a
-    torch program runs with this DDP by changing its import. Ours alone:
-    `check_equal` raises ValueError if the ranks' initial values differ; `group` is
-    another name for `process_group`. `timeline` holds the last step's Events:
-    forward, backward (until the last gradient arrived), one per bucket all-reduce
-    (launch to completion), and the wait after the last gradient.
+    torch program runs with this DDP by changing its import. `bucket_cap_mb`:
+    bucket size in MiB (default 25). `find_unused_parameters`: a parameter without a
+    gradient in a backward is sent as zeros (and keeps grad None if no rank had one);
+    without it, such a parameter raises a RuntimeError naming it.
+    `gradient_as_bucket_view`: each .grad becomes a view into its bucket, saving one
+    copy of the gradients.
+
+    Ours alone: `check_equal` raises ValueError if the ranks' initial values differ;
+    `group` is another name for `process_group`. `timeline` holds the last step's
+    Events: forward, backward (until the last gradient arrived), one per bucket
+    all-reduce (launch to completion), and the wait after the last gradient
+    (launching the last buckets, waiting for all of them).
     """
 
     def __init__(  # torch's signature, argument for argument
@@ -145,7 +152,8 @@ class DDP(nn.Module):
         params = [p for _, p in named]
         groups = assign_buckets(params, int(self.options.bucket_cap_mb * 2**20))
         self.buckets = [
-            Bucket(i, [params[j] for j in g], len(groups)) for i, g in enumerate(groups)
+            Bucket(i, [params[j] for j in indices], len(groups))
+            for i, indices in enumerate(groups)
         ]
         for bucket in self.buckets:
             for slot, param in enumerate(bucket.params):
@@ -179,8 +187,11 @@ class DDP(nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Backward in here only accumulates gradients locally; the next backward
-        outside all-reduces the sums: one round of communication for k micro-batches."""
+        """Backward passes in here accumulate gradients locally, without communication.
+
+        The next backward outside all-reduces the accumulated sums: k micro-batches
+        then cost one round of communication instead of k.
+        """
         previous, self._sync = self._sync, False
         try:
             yield
@@ -243,8 +254,9 @@ class DDP(nn.Module):
     def finish(self) -> None:
         """Wait for every bucket's all-reduce and write the averages into .grad.
 
-        Runs by itself at the end of each synchronised backward (queued on autograd's
-        engine by the first gradient hook); calling it again does nothing."""
+        Runs by itself at the end of each synchronised backward (the first gradient
+        hook queues it on autograd's engine); calling it again does nothing.
+        """
         if not self._in_backward:
             return
         self._in_backward = False
@@ -261,7 +273,8 @@ class DDP(nn.Module):
                         param.grad.copy_(view)
                 elif used_anywhere is None or used_anywhere[id(param)]:
                     param.grad = view if self.gradient_as_bucket_view else view.clone()
-        # backward lasts until its last gradient; then the wait for the last buckets
+        # Backward computes until its last gradient arrives; what follows is sending
+        # the last buckets and waiting for them.
         end = self._last_grad
         start = self._backward_start or end
         self.timeline.append(Event("backward", start, end))
@@ -274,9 +287,14 @@ class DDP(nn.Module):
         Without find_unused_parameters: RuntimeError naming them (all ranks agree,
         since they run the same model). With it: they contribute the gradient they
         have (accumulated under no_sync) or zeros; returns, per parameter, whether any
-        rank had a gradient, so that parameters unused everywhere keep grad None."""
-        buckets = self.buckets
-        missing = [(b, s) for b in buckets for s, ok in enumerate(b.ready) if not ok]
+        rank had a gradient, so that parameters unused everywhere keep grad None.
+        """
+        missing = [
+            (bucket, slot)
+            for bucket in self.buckets
+            for slot, ready in enumerate(bucket.ready)
+            if not ready
+        ]
         if not self.find_unused_parameters:
             if missing:
                 names = ", ".join(self.names[id(b.params[s])] for b, s in missing)
@@ -293,7 +311,7 @@ class DDP(nn.Module):
                 self._copy_in(grad, bucket.view(slot))
             bucket.ready[slot] = True
         self._launch_full_buckets()  # first: every rank must launch them before ...
-        params = [p for b in buckets for p in b.params]
+        params = [p for b in self.buckets for p in b.params]
         has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
         has_grad = has_grad.to(runtime.device())  # NCCL takes only GPU tensors
         dist.all_reduce(has_grad, group=self.group)  # ... this, in the same order

@@ -26,15 +26,34 @@ def conversion_bytes(costs: Sequence[Any], title: str = "") -> Figure:
     for i, c in enumerate(costs):
         y = len(costs) - 1 - i
         names.append(f"{c.src} -> {c.dst}")
-        ax.barh(y + 0.18, c.forward_bytes, height=0.34, color="tab:blue",
-                label="forward" if i == 0 else None)  # fmt: skip
-        ax.barh(y - 0.18, c.backward_bytes, height=0.34, color="tab:orange",
-                label="backward" if i == 0 else None)  # fmt: skip
-        ax.text(c.forward_bytes + top * 0.01, y + 0.18, f"{c.forward}",
-                va="center", fontsize=8)  # fmt: skip
-        ax.text(c.backward_bytes + top * 0.01, y - 0.18,
-                f"dy {c.arrives} -> {c.grad}: {c.backward}", va="center",
-                fontsize=8)  # fmt: skip
+        ax.barh(
+            y + 0.18,
+            c.forward_bytes,
+            height=0.34,
+            color="tab:blue",
+            label="forward" if i == 0 else None,
+        )
+        ax.barh(
+            y - 0.18,
+            c.backward_bytes,
+            height=0.34,
+            color="tab:orange",
+            label="backward" if i == 0 else None,
+        )
+        ax.text(
+            c.forward_bytes + top * 0.01,
+            y + 0.18,
+            f"{c.forward}",
+            va="center",
+            fontsize=8,
+        )
+        ax.text(
+            c.backward_bytes + top * 0.01,
+            y - 0.18,
+            f"dy {c.arrives} -> {c.grad}: {c.backward}",
+            va="center",
+            fontsize=8,
+        )
     ax.set_yticks(range(len(costs)), list(reversed(names)))
     ax.set_xlim(0, top * 1.9)
     ax.set_xlabel("bytes sent by one rank")

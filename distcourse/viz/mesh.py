@@ -136,8 +136,13 @@ def layout_costs(rows: Sequence[dict], title: str = "") -> Figure:
     left.set(ylabel="step time (ms)", xlabel="dp x pp x tp")
     state = [r["memory_kib"] - r["activations_kib"] for r in rows]
     right.bar(names, state, color="C0", label="parameters, gradients, AdamW")
-    right.bar(names, [r["activations_kib"] for r in rows], bottom=state, color="C1",
-              label="activations (peak)")  # fmt: skip
+    right.bar(
+        names,
+        [r["activations_kib"] for r in rows],
+        bottom=state,
+        color="C1",
+        label="activations (peak)",
+    )
     right.set(ylabel="KiB on the fullest rank", xlabel="dp x pp x tp")
     right.legend(fontsize="small")
     for ax in (left, right):

@@ -69,15 +69,18 @@ def _blocks(
     rows, cols = shape
     n = len(owners)
     for i, owner in enumerate(owners):
-        x, y, w, h = (0, i * rows / n, cols, rows / n) if split == 0 else (
-            i * cols / n, 0, cols / n, rows)  # fmt: skip
+        x, y, w, h = (
+            (0, i * rows / n, cols, rows / n)
+            if split == 0
+            else (i * cols / n, 0, cols / n, rows)
+        )
         rank = owner.split()[-1]
         color = f"C{rank}" if rank.isdigit() else "0.85"
-        ax.add_patch(Rectangle((x, y), w, h, facecolor=color, alpha=0.45,
-                               edgecolor="k"))  # fmt: skip
+        ax.add_patch(
+            Rectangle((x, y), w, h, facecolor=color, alpha=0.45, edgecolor="k")
+        )
         text = owner.replace(" ", "\n") if rank.isdigit() else fill(owner, 14)
-        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center",
-                fontsize="small")  # fmt: skip
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize="small")
     ax.set_xlim(0, cols)
     ax.set_ylim(rows, 0)  # row 0 on top, as a matrix is written
     ax.set_aspect("equal")
@@ -86,8 +89,13 @@ def _blocks(
     ax.set_title(title, fontsize="medium")
 
 
-def tp_layout(n: int, tokens: int = 4, in_features: int = 8, out_features: int = 8,
-              title: str = "") -> Figure:  # fmt: skip
+def tp_layout(
+    n: int,
+    tokens: int = 4,
+    in_features: int = 8,
+    out_features: int = 8,
+    title: str = "",
+) -> Figure:
     """Who holds what in Y = X W^T on `n` ranks: column-parallel (top row: W's rows,
     Y's columns split; X on all) and row-parallel (bottom: X's columns and W's
     columns split; each rank a partial Y, summed by all_reduce). W is drawn in
@@ -125,8 +133,9 @@ def sbp_pieces(pieces: dict[str, Sequence[torch.Tensor]], title: str = "") -> Fi
     values = torch.cat([t.flatten().float() for ts in pieces.values() for t in ts])
     lo, hi = (values.min().item(), values.max().item()) if values.numel() else (0, 1)
     n = max(len(ts) for ts in pieces.values())
-    fig, axes = plt.subplots(len(pieces), n, figsize=(1.9 * n, 1.9 * len(pieces)),
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(pieces), n, figsize=(1.9 * n, 1.9 * len(pieces)), squeeze=False
+    )
     for row, (name, ts) in zip(axes, pieces.items(), strict=True):
         row[0].set_ylabel(name)
         for r, (ax, t) in enumerate(zip(row, ts, strict=False)):

@@ -80,9 +80,13 @@ def timeline(
         kind = name.split()[0]
         row = rows.index("compute" if name in _COMPUTE else name)
         ax.barh(
-            row, 1e3 * (end - start), left=1e3 * (start - t0), height=0.6,
-            color=colors[kind], label=None if kind in labelled else kind,
-        )  # fmt: skip
+            row,
+            1e3 * (end - start),
+            left=1e3 * (start - t0),
+            height=0.6,
+            color=colors[kind],
+            label=None if kind in labelled else kind,
+        )
         labelled.add(kind)
         if name == "backward":
             ax.axvline(1e3 * (end - t0), color="k", linestyle=":", linewidth=1)
@@ -110,9 +114,13 @@ def hidden_sweep(
     above = [100 * max(s) - m for m, s in zip(medians, shares, strict=True)]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.errorbar(
-        caps_mb, medians, yerr=[below, above], fmt="o-", capsize=4,
+        caps_mb,
+        medians,
+        yerr=[below, above],
+        fmt="o-",
+        capsize=4,
         label="median; bar: smallest to largest",
-    )  # fmt: skip
+    )
     ax.set_xscale("log")
     ax.set_xticks(caps_mb, [f"{cap:g}" for cap in caps_mb])
     ax.minorticks_off()
@@ -143,10 +151,24 @@ def gantt(
             kind, stage, micro = e.name.split()
             shade = 1.0 - 0.45 * (int(stage) // len(ranks) > 0)
             color = {"F": "C0", "B": "C1"}.get(kind, "C2")  # W (ZB-H1): green
-            ax.barh(r, 1e3 * e.seconds, left=1e3 * (e.start - t0), height=0.7,
-                    color=color, alpha=shade, edgecolor="white")  # fmt: skip
-            ax.text(1e3 * (e.start - t0 + e.seconds / 2), r, micro, ha="center",
-                    va="center", fontsize=7, color="white")  # fmt: skip
+            ax.barh(
+                r,
+                1e3 * e.seconds,
+                left=1e3 * (e.start - t0),
+                height=0.7,
+                color=color,
+                alpha=shade,
+                edgecolor="white",
+            )
+            ax.text(
+                1e3 * (e.start - t0 + e.seconds / 2),
+                r,
+                micro,
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white",
+            )
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels([f"rank {r}" for r in range(len(ranks))])
     ax.set_ylim(len(ranks) - 0.5, -0.5)

@@ -28,7 +28,20 @@ from distcourse.parallel.hybrid.stages import (
 )
 
 __all__ = [
-    "AXES", "Embed", "Head", "HybridGPT", "Layout", "against_one_process",
-    "as_chain", "bounds", "bytes_per_step", "check", "layouts", "make_mesh",
-    "memory_per_rank", "parallelize_stage", "parameters_held", "stages",
-]  # fmt: skip
+    "AXES",
+    "Embed",
+    "Head",
+    "HybridGPT",
+    "Layout",
+    "against_one_process",
+    "as_chain",
+    "bounds",
+    "bytes_per_step",
+    "check",
+    "layouts",
+    "make_mesh",
+    "memory_per_rank",
+    "parallelize_stage",
+    "parameters_held",
+    "stages",
+]

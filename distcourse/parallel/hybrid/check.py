@@ -24,9 +24,14 @@ SKIP = "key.bias"
 
 
 def against_one_process(
-    layout: Layout, cfg: GPTConfig, *, steps: int = 6, batch: int = 8,
-    micro_batches: int = 1, seed: int = 0,
-) -> dict:  # fmt: skip
+    layout: Layout,
+    cfg: GPTConfig,
+    *,
+    steps: int = 6,
+    batch: int = 8,
+    micro_batches: int = 1,
+    seed: int = 0,
+) -> dict:
     """On every rank: train `layout` and one process alike; a dict of
     coordinate, losses (hybrid and alone), loss_diff, param_diff (max over all
     ranks), covered (every parameter is held by some rank), bytes (ledger, last
@@ -36,22 +41,27 @@ def against_one_process(
     model = TinyGPT(cfg)
     net = HybridGPT(model, mesh, micro_batches=micro_batches)
     batches = token_batches(steps, batch, cfg, seed=seed)
-    losses = [net.step(x, y, ledger=i == steps - 1)
-              for i, (x, y) in enumerate(batches)]  # fmt: skip
+    losses = [net.step(x, y, ledger=i == steps - 1) for i, (x, y) in enumerate(batches)]
     mine = net.one_process_state()  # my stage, tp slices gathered
     net.close()
     alone = train_lm(model, batches)
     want = model.state_dict()
-    diff = max((mine[k].cpu() - want[k]).abs().max().item()
-               for k in mine if not k.endswith(SKIP))  # fmt: skip
+    diff = max(
+        (mine[k].cpu() - want[k]).abs().max().item()
+        for k in mine
+        if not k.endswith(SKIP)
+    )
     keys: list = [None] * dist.get_world_size()
     dist.all_gather_object(keys, sorted(mine))
     return dict(
-        coordinate=mesh.coordinate, losses=losses, alone=alone,
+        coordinate=mesh.coordinate,
+        losses=losses,
+        alone=alone,
         loss_diff=max(abs(a - b) for a, b in zip(losses, alone, strict=True)),
         param_diff=checks.max_over_ranks(diff),
         covered=set().union(*keys) == set(want),
         held=sum(p.numel() for p in net.module.parameters()),
-        bytes=net.bytes, formula=bytes_per_step(layout, cfg, batch, net.stage),
+        bytes=net.bytes,
+        formula=bytes_per_step(layout, cfg, batch, net.stage),
         memory=net.held(),
-    )  # fmt: skip
+    )

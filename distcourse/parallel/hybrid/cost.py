@@ -30,13 +30,10 @@ def parameters_held(layout: Layout, cfg: GPTConfig, stage: int) -> int:
     """Parameters on a rank of pipeline stage `stage`: its blocks' (and embeddings' or
     head's) split weights / tp, plus the replicated norms, positions, row biases."""
     C, V, tp = cfg.n_embd, cfg.vocab, layout.tp
-    per_block = (
-        2 * C  # ln1
-        + 4 * (C * C) // tp + 3 * C // tp + C  # q, k, v, proj; proj's bias whole
-        + 2 * C  # ln2
-        + (4 * C * C + 4 * C) // tp  # fc (column)
-        + (4 * C * C) // tp + C  # proj (row)
-    )  # fmt: skip
+    norms = 2 * (2 * C)  # ln1, ln2: whole on every rank
+    attention = 4 * (C * C) // tp + 3 * C // tp + C  # q, k, v, proj; proj's bias whole
+    mlp = (4 * C * C + 4 * C) // tp + (4 * C * C) // tp + C  # fc (column), proj (row)
+    per_block = norms + attention + mlp
     held = cfg.n_layer // layout.pp * per_block
     if stage == 0:
         held += V * C // tp + cfg.block_size * C  # tokens split, positions whole
@@ -57,9 +54,10 @@ def bytes_per_step(
     pp = A * ((not last) + (not first))
     dp = FLOAT * parameters_held(layout, cfg, stage)
     return dict(
-        dp=dp if layout.dp > 1 else 0, pp=pp if layout.pp > 1 else 0,
+        dp=dp if layout.dp > 1 else 0,
+        pp=pp if layout.pp > 1 else 0,
         tp=tp if layout.tp > 1 else 0,
-    )  # fmt: skip
+    )
 
 
 def memory_per_rank(layout: Layout, cfg: GPTConfig, stage: int) -> int:

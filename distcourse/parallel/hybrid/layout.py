@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distcourse.arguments import positive_int
 from distcourse.examples.gpt import GPTConfig
 from distcourse.mesh import Mesh
 from distcourse.runtime import DEFAULT_TIMEOUT, require_initialized
@@ -30,9 +31,7 @@ class Layout:
 
     def __post_init__(self) -> None:
         for axis in AXES:
-            n = getattr(self, axis)
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(f"{axis} must be a positive integer, got {n!r}")
+            positive_int(getattr(self, axis), axis)
 
     @property
     def world(self) -> int:
@@ -51,8 +50,10 @@ class Layout:
     def grid(self) -> list[list[list[int]]]:
         """Global rank at each (dp, pp, tp) coordinate, as nested lists."""
         n = iter(range(self.world))
-        return [[[next(n) for _ in range(self.tp)] for _ in range(self.pp)]
-                for _ in range(self.dp)]  # fmt: skip
+        return [
+            [[next(n) for _ in range(self.tp)] for _ in range(self.pp)]
+            for _ in range(self.dp)
+        ]
 
 
 def layouts(world: int) -> list[Layout]:
@@ -60,15 +61,21 @@ def layouts(world: int) -> list[Layout]:
     divisors = [d for d in range(1, world + 1) if world % d == 0]
     found = [
         Layout(dp, pp, world // (dp * pp))
-        for dp in divisors for pp in divisors if (world // dp) % pp == 0
-    ]  # fmt: skip
+        for dp in divisors
+        for pp in divisors
+        if (world // dp) % pp == 0
+    ]
     return sorted(found, key=lambda lay: (-lay.dp, -lay.pp))
 
 
 def check(
-    layout: Layout, cfg: GPTConfig | None = None, world: int | None = None, *,
-    batch: int | None = None, micro_batches: int = 1,
-) -> None:  # fmt: skip
+    layout: Layout,
+    cfg: GPTConfig | None = None,
+    world: int | None = None,
+    *,
+    batch: int | None = None,
+    micro_batches: int = 1,
+) -> None:
     """ValueError, naming the degree, if `layout` cannot train `cfg` on `world` ranks.
 
     The world must hold exactly dp x pp x tp ranks; the blocks must divide into pp
@@ -82,22 +89,22 @@ def check(
             f"{layout.world} ranks, but the world has {world}"
         )
     if cfg is not None and cfg.n_layer % layout.pp:
-        raise ValueError(f"n_layer={cfg.n_layer} blocks do not divide into "
-                         f"pp={layout.pp} pipeline stages")  # fmt: skip
+        raise ValueError(
+            f"n_layer={cfg.n_layer} blocks do not divide into "
+            f"pp={layout.pp} pipeline stages"
+        )
     sizes = () if cfg is None else (("n_head", cfg.n_head), ("vocab", cfg.vocab))
     for name, value in sizes:
         if value % layout.tp:
             raise ValueError(f"{name}={value} is not divisible by tp={layout.tp}")
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or (
-        micro_batches < 1
-    ):  # fmt: skip
-        raise ValueError(f"micro_batches must be a positive int, got {micro_batches!r}")
+    positive_int(micro_batches, "micro_batches")
     if micro_batches > 1 and layout.pp == 1:
         raise ValueError(f"micro_batches={micro_batches} needs a pipeline: pp=1")
     if batch is not None:
         if batch % layout.dp:
-            raise ValueError(f"a batch of {batch} does not split into dp={layout.dp} "
-                             "equal shares")  # fmt: skip
+            raise ValueError(
+                f"a batch of {batch} does not split into dp={layout.dp} equal shares"
+            )
         if (batch // layout.dp) % micro_batches:
             raise ValueError(
                 f"a share of {batch // layout.dp} (batch {batch} / dp={layout.dp}) "

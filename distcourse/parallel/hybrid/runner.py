@@ -32,9 +32,14 @@ from distcourse.comm.ledger import Ledger
 from distcourse.examples.gpt import TinyGPT, lm_loss
 from distcourse.mesh import Mesh
 from distcourse.parallel.buckets import Bucket, assign_buckets
-from distcourse.parallel.hybrid import layout as lay
-from distcourse.parallel.hybrid import stages as cut
 from distcourse.parallel.hybrid.layout import AXES, Layout
+from distcourse.parallel.hybrid.layout import check as check_layout
+from distcourse.parallel.hybrid.stages import (
+    bounds,
+    one_process_state,
+    parallelize_stage,
+    stages,
+)
 from distcourse.parallel.pipeline import ActivationMeter, Pipeline, one_f_one_b
 from distcourse.parallel.tensor import vocab_parallel_cross_entropy
 
@@ -53,26 +58,31 @@ class HybridGPT:
     """
 
     def __init__(
-        self, model: TinyGPT, mesh: Mesh, *, micro_batches: int = 1,
-        lr: float = 1e-2, timeout: float = runtime.DEFAULT_TIMEOUT,
+        self,
+        model: TinyGPT,
+        mesh: Mesh,
+        *,
+        micro_batches: int = 1,
+        lr: float = 1e-2,
+        timeout: float = runtime.DEFAULT_TIMEOUT,
         check: bool = True,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if mesh.names != AXES:
             raise ValueError(f"a hybrid mesh has axes {AXES}, got {mesh.names}")
         self.layout = Layout(*mesh.shape)
         world = dist.get_world_size()
-        lay.check(self.layout, model.cfg, world, micro_batches=micro_batches)
+        check_layout(self.layout, model.cfg, world, micro_batches=micro_batches)
         self.mesh, self.cfg, self.micro_batches = mesh, model.cfg, micro_batches
         self.coord = mesh.coordinate
         pp, tp = self.layout.pp, self.layout.tp
         self.stage = self.coord["pp"]
         device = runtime.device()  # the CPU on gloo, this rank's GPU on NCCL
-        full = [s.to(device) for s in cut.stages(model, pp)]  # every stage, whole
-        self.first_layer = cut.bounds(model.cfg.n_layer, pp)[self.stage]
+        full = [s.to(device) for s in stages(model, pp)]  # every stage, whole
+        self.first_layer = bounds(model.cfg.n_layer, pp)[self.stage]
         mine = full[self.stage]
         tp_group = mesh.group("tp")
         if tp > 1:
-            mine = cut.parallelize_stage(mine, tp_group, check=check)
+            mine = parallelize_stage(mine, tp_group, check=check)
             self.loss_fn: Callable[[Tensor, Tensor], Tensor] = lambda logits, y: (
                 vocab_parallel_cross_entropy(logits, y, tp_group, check=check)
             )
@@ -83,8 +93,14 @@ class HybridGPT:
         if pp > 1:
             schedule = one_f_one_b(pp, micro_batches)
             placed = [mine if s == self.stage else f for s, f in enumerate(full)]
-            self.pipe = Pipeline(placed, schedule, self.loss_fn, mesh.group("pp"),
-                                 timeout, shapes_from=full)  # fmt: skip
+            self.pipe = Pipeline(
+                placed,
+                schedule,
+                self.loss_fn,
+                mesh.group("pp"),
+                timeout,
+                shapes_from=full,
+            )
             self.meter = self.pipe.meter
         else:
             self.meter = ActivationMeter([mine])
@@ -92,7 +108,8 @@ class HybridGPT:
         params = list(mine.parameters())
         groups = assign_buckets(params, int(BUCKET_MB * 2**20))
         self.buckets = [
-            Bucket(i, [params[j] for j in g], len(groups)) for i, g in enumerate(groups)
+            Bucket(i, [params[j] for j in indices], len(groups))
+            for i, indices in enumerate(groups)
         ]
         self.bytes: dict[str, int] = {}
 
@@ -117,7 +134,7 @@ class HybridGPT:
         the batch's mean loss on every rank. With `ledger`, `self.bytes` holds what
         this rank sent per axis: tp (all-reduces inside the layers), pp (activations
         and gradients between stages), dp (gradient all-reduce)."""
-        lay.check(self.layout, None, batch=len(x), micro_batches=self.micro_batches)
+        check_layout(self.layout, None, batch=len(x), micro_batches=self.micro_batches)
         device = runtime.device()
         x, y = self.share(x).to(device), self.share(y).to(device)
         self.optimizer.zero_grad(set_to_none=True)
@@ -165,14 +182,18 @@ class HybridGPT:
     def one_process_state(self) -> dict[str, Tensor]:
         """The full parameters of this rank's stage under TinyGPT's names (its TP
         group gathers the slices: every rank calls it)."""
-        return cut.one_process_state(self.module, self.first_layer, self.cfg.n_layer)
+        return one_process_state(self.module, self.first_layer, self.cfg.n_layer)
 
     def held(self) -> dict[str, int]:
         """Bytes this rank holds after a step: parameters, gradients, AdamW's two
         states, and the activations kept for backward at the step's peak."""
         params = sum(p.numel() * p.element_size() for p in self.module.parameters())
-        return dict(params=params, grads=params, optimizer=2 * params,
-                    activations=self.meter.peak)  # fmt: skip
+        return dict(
+            params=params,
+            grads=params,
+            optimizer=2 * params,
+            activations=self.meter.peak,
+        )
 
     def close(self) -> None:
         """Stop the pipeline's sender threads."""

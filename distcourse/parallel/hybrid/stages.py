@@ -67,8 +67,10 @@ def bounds(n_layer: int, pp: int) -> list[int]:
 def stages(model: TinyGPT, pp: int) -> list[nn.Sequential]:
     """The chain of a copy of `model`, cut into pp stages (n_layer % pp == 0)."""
     if model.cfg.n_layer % pp:
-        raise ValueError(f"n_layer={model.cfg.n_layer} blocks do not divide into "
-                         f"pp={pp} pipeline stages")  # fmt: skip
+        raise ValueError(
+            f"n_layer={model.cfg.n_layer} blocks do not divide into "
+            f"pp={pp} pipeline stages"
+        )
     return split_at(as_chain(copy.deepcopy(model)), bounds(model.cfg.n_layer, pp))
 
 

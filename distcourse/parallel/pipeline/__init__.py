@@ -36,8 +36,26 @@ from distcourse.parallel.pipeline.stats import ActivationMeter, bubble, parse
 from distcourse.parallel.pipeline.zero_bubble import backward_input, zb_h1, zb_h1_bubble
 
 __all__ = [
-    "Action", "ActivationMeter", "Pipeline", "Schedule", "balance", "bubble",
-    "bubble_formula", "check", "gpipe", "in_flight", "interleaved", "layer_times",
-    "one_f_one_b", "parse", "simulate", "split_at", "split_balanced",
-    "split_by_count", "transfers", "backward_input", "zb_h1", "zb_h1_bubble",
-]  # fmt: skip
+    "Action",
+    "ActivationMeter",
+    "Pipeline",
+    "Schedule",
+    "balance",
+    "bubble",
+    "bubble_formula",
+    "check",
+    "gpipe",
+    "in_flight",
+    "interleaved",
+    "layer_times",
+    "one_f_one_b",
+    "parse",
+    "simulate",
+    "split_at",
+    "split_balanced",
+    "split_by_count",
+    "transfers",
+    "backward_input",
+    "zb_h1",
+    "zb_h1_bubble",
+]

@@ -5,11 +5,10 @@ Each link has its own group of two ranks, so the messages of different links nev
 mix, and a link's transfers arrive in the order sent; `schedules.check` proves that
 is also the order the receiver expects. Every group carries a finite timeout.
 
-Where a pipeline's time went (measured, 4 ranks, 1F1B, m = 8, sleeping stages): with
-a blocking receive posted only when the action needs it and each send handed to a
-thread, a transfer to a waiting neighbour took 0.8 ms from the sender's end to the
-receiver's start, and even data that had arrived long before cost 0.65 ms between two
-actions. About 30 such hops lie on a step's critical path. So, by default
+Why transfers are posted ahead: a step's critical path crosses a rank boundary at
+every micro-batch's forward and backward, and a receive posted only when its action
+needs it makes every such hop pay a round of wake-ups and bookkeeping, even for data
+that arrived long before (`bench pipeline` reports what that costs). So, by default
 (handshake="first"), a step that meets new shapes first agrees them on every link at
 once (`p2p.agree_shapes`: a header and an ack per link and stage, one round trip,
 nothing sent yet), as torch's stages do after their shape inference; from then on
@@ -74,13 +73,18 @@ class Links:
         for link in self.groups:
             if self.every and link[1] == me:
                 self.queues[link] = q = queue.Queue()
-                threading.Thread(target=self._deliver, args=(link, q), daemon=True,
-                                 name=f"pipeline send {link}").start()  # fmt: skip
+                threading.Thread(
+                    target=self._deliver,
+                    args=(link, q),
+                    daemon=True,
+                    name=f"pipeline send {link}",
+                ).start()
 
     # ------------------------------------------------- shapes agreed once ------
 
-    def begin(self, sends: Plan, recvs: Plan, describe: Describe = str,
-              key: object = None) -> None:  # fmt: skip
+    def begin(
+        self, sends: Plan, recvs: Plan, describe: Describe = str, key: object = None
+    ) -> None:
         """Start a step: what each link will carry, in order, as (sending stage,
         shape). New shapes are agreed with the neighbours first, a header per link
         and stage (ValueError on both ranks if they differ, naming the stage with
@@ -92,10 +96,16 @@ class Links:
             key = tuple(sorted((k, tuple(v)) for k, v in {**sends, **recvs}.items()))
         plan = key
         if plan not in self.agreed:
-            out = [(shape, k[2], self.groups[k], _what(k, s, describe))
-                   for k, v in sends.items() for s, shape in _once(v)]  # fmt: skip
-            inn = [(shape, k[1], self.groups[k], _what(k, s, describe))
-                   for k, v in recvs.items() for s, shape in _once(v)]  # fmt: skip
+            out = [
+                (shape, k[2], self.groups[k], _what(k, s, describe))
+                for k, v in sends.items()
+                for s, shape in _once(v)
+            ]
+            inn = [
+                (shape, k[1], self.groups[k], _what(k, s, describe))
+                for k, v in recvs.items()
+                for s, shape in _once(v)
+            ]
             p2p.agree_shapes(out, inn)
             self.agreed.add(plan)
         self.todo = {k: deque(shape for _, shape in v) for k, v in recvs.items()}
@@ -119,8 +129,10 @@ class Links:
         self.raise_errors()
         if (x.shape, x.dtype) != (torch.Size(expect[0]), expect[1]):
             got, want = _show(x.shape, x.dtype), _show(*expect)
-            raise ValueError(f"it produced {got}, not the {want} agreed with rank "
-                             f"{link[2]}; nothing was sent")  # fmt: skip
+            raise ValueError(
+                f"it produced {got}, not the {want} agreed with rank "
+                f"{link[2]}; nothing was sent"
+            )
         if self.every:
             self.queues[link].put(x.detach())
             return
@@ -137,12 +149,13 @@ class Links:
         what = "an activation" if link[0] == "F" else "a gradient"
         try:
             if self.every:
-                return p2p.recv_tensor(link[1], group=self.groups[link],
-                                       expect=expect)  # fmt: skip
+                return p2p.recv_tensor(link[1], group=self.groups[link], expect=expect)
             work, x = self.posted[link].popleft()
             if (x.shape, x.dtype) != (torch.Size(expect[0]), expect[1]):
-                raise ValueError(f"expected {_show(*expect)} from rank {link[1]}, the "
-                                 f"plan said {_show(x.shape, x.dtype)}")  # fmt: skip
+                raise ValueError(
+                    f"expected {_show(*expect)} from rank {link[1]}, the "
+                    f"plan said {_show(x.shape, x.dtype)}"
+                )
             self._post(link)  # the next receive first: free while we wait here
             if work is not None:
                 work.wait()
@@ -185,8 +198,9 @@ class Links:
                     p2p.send_tensor(item, link[2], group=self.groups[link])
             except BaseException as err:  # reported by flush()
                 what = "activation" if link[0] == "F" else "gradient"
-                self.errors.append(RuntimeError(f"sending a {what} to rank {link[2]} "
-                                                f"failed: {err}"))  # fmt: skip
+                self.errors.append(
+                    RuntimeError(f"sending a {what} to rank {link[2]} failed: {err}")
+                )
             finally:
                 q.task_done()
         q.task_done()

@@ -71,8 +71,10 @@ class Pipeline:
             raise ValueError("a pipeline needs at least 2 ranks")
         self.rank, self.ranks = g.ranks[g.rank], g.ranks
         if schedule.ranks != g.size:
-            raise ValueError(f"schedule {schedule.name!r} is for {schedule.ranks} "
-                             f"ranks, the group has {g.size}")  # fmt: skip
+            raise ValueError(
+                f"schedule {schedule.name!r} is for {schedule.ranks} "
+                f"ranks, the group has {g.size}"
+            )
         if len(stages) != schedule.stages:
             raise ValueError(
                 f"{len(stages)} stages for {schedule.ranks} ranks x "
@@ -82,29 +84,39 @@ class Pipeline:
         schedules.check(schedule)
         schedules.simulate(schedule)  # ValueError if its ranks would deadlock
         if shapes_from is not None and len(shapes_from) != len(stages):
-            raise ValueError(f"shapes_from has {len(shapes_from)} stages, the "
-                             f"pipeline {len(stages)}")  # fmt: skip
+            raise ValueError(
+                f"shapes_from has {len(shapes_from)} stages, the pipeline {len(stages)}"
+            )
         self.all_stages = list(stages if shapes_from is None else shapes_from)
         self.schedule, self.loss_fn = schedule, loss_fn
         self.local = {s: stages[s] for s in range(g.rank, schedule.stages, g.size)}
         self.actions = schedule.actions[g.rank]
         links = schedules.transfers(schedule)
-        mine = [(k, self.ranks[a], self.ranks[b]) for k, a, b in links
-                if g.rank in (a, b)]  # fmt: skip
+        mine = [
+            (k, self.ranks[a], self.ranks[b]) for k, a, b in links if g.rank in (a, b)
+        ]
         self.links = Links(mine, as_timedelta(timeout), handshake)
-        self.transfers = {(k, self.ranks[a], self.ranks[b]): order
-                          for (k, a, b), order in links.items()
-                          if g.rank in (a, b)}  # fmt: skip
+        self.transfers = {
+            (k, self.ranks[a], self.ranks[b]): order
+            for (k, a, b), order in links.items()
+            if g.rank in (a, b)
+        }
         self.group = g.group
         self.events: list[trace.Event] = []
         self.meter = ActivationMeter(self.local.values())
         self.shapes: dict[tuple, list[Shape]] = {}
         self.later: dict[tuple[int, int], Callable[[], None]] = {}  # B's W
         self.plans: dict[tuple, tuple[dict, dict]] = {}  # per key: sends, receives
-        self.batch = BatchCheck(self.ranks, g.group, self.rank_of(0),
-                                self.rank_of(schedule.stages - 1), schedule.stages,
-                                schedule.micro_batches, self.describe,
-                                every=inputs == "every")  # fmt: skip
+        self.batch = BatchCheck(
+            self.ranks,
+            g.group,
+            self.rank_of(0),
+            self.rank_of(schedule.stages - 1),
+            schedule.stages,
+            schedule.micro_batches,
+            self.describe,
+            every=inputs == "every",
+        )
         self.begun = self.beginning = False
 
     def rank_of(self, stage: int) -> int:
@@ -116,13 +128,14 @@ class Pipeline:
 
     # ------------------------------------------------------------- a step ------
 
-    def step(self, x: Tensor | None = None, target: Tensor | None = None
-             ) -> Tensor | None:  # fmt: skip
+    def step(
+        self, x: Tensor | None = None, target: Tensor | None = None
+    ) -> Tensor | None:
         """One forward and backward of the whole batch; gradients accumulate into the
         stages' .grad. Returns the batch's mean loss on the last stage's rank, None on
         the others. x is needed on the first stage's rank, target on the last's."""
         self.batch.start(x, target)  # the agreement runs while stage 0 computes
-        early = self.batch.local(x) if self.rank == self.rank_of(0) else None
+        early = self.batch.key_of(x) if self.rank == self.rank_of(0) else None
         if early is not None:
             try:  # the shapes x alone implies: fine, or the agreement raises below
                 self._shapes(early)
@@ -150,8 +163,10 @@ class Pipeline:
                 if self.beginning:  # the agreement refused the batch: as elsewhere
                     raise
                 cls = ValueError if isinstance(err, ValueError) else RuntimeError
-                raise cls(f"{self.describe(a.stage)}, {a.kind} of micro-batch "
-                          f"{a.micro}: {err}") from err  # fmt: skip
+                raise cls(
+                    f"{self.describe(a.stage)}, {a.kind} of micro-batch "
+                    f"{a.micro}: {err}"
+                ) from err
         try:
             self.links.flush()
         except Exception as err:
@@ -230,8 +245,9 @@ class Pipeline:
             else:
                 torch.autograd.backward(out, grad)
         if s > 0:  # first the send: the previous stage may be waiting
-            self.links.send(("B", self.rank, self.rank_of(s - 1)), inp.grad,
-                            self.now[s])  # fmt: skip
+            self.links.send(
+                ("B", self.rank, self.rank_of(s - 1)), inp.grad, self.now[s]
+            )
         if not self.schedule.split:
             self.meter.release((s, j))
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distcourse.arguments import positive_int
+
 
 @dataclass(frozen=True)
 class Action:
@@ -62,8 +64,7 @@ class Schedule:
 
 def _check_sizes(name: str, p: int, m: int, v: int = 1) -> None:
     for label, n in (("ranks", p), ("micro_batches", m), ("stages per rank", v)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{name}: {label} must be a positive integer, got {n!r}")
+        positive_int(n, f"{name}: {label}")
 
 
 def gpipe(p: int, m: int) -> Schedule:
@@ -128,23 +129,33 @@ def check(schedule: Schedule) -> None:
     p, m = schedule.ranks, schedule.micro_batches
     kinds = "FBW" if schedule.split else "FB"
     for r, acts in enumerate(schedule.actions):
-        want = {(k, s, j) for s in range(r, schedule.stages, p)
-                for j in range(m) for k in kinds}  # fmt: skip
+        want = {
+            (k, s, j)
+            for s in range(r, schedule.stages, p)
+            for j in range(m)
+            for k in kinds
+        }
         got = [(a.kind, a.stage, a.micro) for a in acts]
         if len(got) != len(set(got)) or set(got) != want:
-            raise ValueError(f"{schedule.name}: rank {r} does not run each "
-                             f"{' and '.join(kinds)} of its stages once per "
-                             "micro-batch")  # fmt: skip
+            raise ValueError(
+                f"{schedule.name}: rank {r} does not run each "
+                f"{' and '.join(kinds)} of its stages once per "
+                "micro-batch"
+            )
         for i, a in enumerate(got):
             before = {"B": "F", "W": "B"}.get(a[0])
             if before and got.index((before, a[1], a[2])) > i:
                 what = "forward" if before == "F" else "input gradient (B)"
-                raise ValueError(f"{schedule.name}: rank {r} runs {a[0]}{a[1]}.{a[2]} "
-                                 f"before its {what}")  # fmt: skip
+                raise ValueError(
+                    f"{schedule.name}: rank {r} runs {a[0]}{a[1]}.{a[2]} "
+                    f"before its {what}"
+                )
     for link, (sent, received) in transfers(schedule).items():
         if sent != received:
-            raise ValueError(f"{schedule.name}: transfers {link} are sent in the "
-                             f"order {sent} but received in {received}")  # fmt: skip
+            raise ValueError(
+                f"{schedule.name}: transfers {link} are sent in the "
+                f"order {sent} but received in {received}"
+            )
 
 
 def transfers(schedule: Schedule) -> dict[tuple, tuple[list, list]]:
@@ -200,8 +211,11 @@ def simulate(
     ValueError if the ranks would wait for each other forever. Gives the bubble a
     perfect machine would have."""
     last, p = schedule.stages - 1, schedule.ranks
-    took = {"F": forward, "B": backward / 2 if schedule.split else backward,
-            "W": backward / 2}  # fmt: skip
+    took = {
+        "F": forward,
+        "B": backward / 2 if schedule.split else backward,
+        "W": backward / 2,
+    }
     done: dict[tuple[str, int, int], float] = {}  # (kind, stage, micro) -> end
     clock, pos = [0.0] * p, [0] * p
     out: list[list[tuple[Action, float, float]]] = [[] for _ in range(p)]
@@ -223,7 +237,10 @@ def simulate(
                 out[r].append((a, start, clock[r]))
                 pos[r], moved = pos[r] + 1, True
         if not moved:
-            stuck = {r: str(schedule.actions[r][pos[r]]) for r in range(p)
-                     if pos[r] < len(schedule.actions[r])}  # fmt: skip
+            stuck = {
+                r: str(schedule.actions[r][pos[r]])
+                for r in range(p)
+                if pos[r] < len(schedule.actions[r])
+            }
             raise ValueError(f"{schedule.name}: deadlock, ranks wait at {stuck}")
     return out

@@ -36,11 +36,14 @@ def stage_shapes(
         except Exception as err:
             got = f"{str(found[-1][1]).removeprefix('torch.')}{list(found[-1][0])}"
             after = f"the output of {describe(s - 1)}" if s else "the input"
-            raise ValueError(f"{describe(s)} cannot take {after}, {got}: "
-                             f"{type(err).__name__}: {err}") from None  # fmt: skip
+            raise ValueError(
+                f"{describe(s)} cannot take {after}, {got}: {type(err).__name__}: {err}"
+            ) from None
         if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{describe(s)} returns {type(x).__name__}; a pipeline "
-                             "stage must return one tensor")  # fmt: skip
+            raise ValueError(
+                f"{describe(s)} returns {type(x).__name__}; a pipeline "
+                "stage must return one tensor"
+            )
         found.append((x.shape, x.dtype))
     return found
 

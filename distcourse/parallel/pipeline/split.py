@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from distcourse.arguments import positive_int
+
 
 def layers_of(model: nn.Module) -> list[nn.Module]:
     """The layers a split may cut between: the children of an nn.Sequential."""
@@ -26,8 +28,7 @@ def layers_of(model: nn.Module) -> list[nn.Module]:
 
 def check_count(layers: int, stages: int) -> None:
     """ValueError unless `stages` is a positive int no greater than `layers`."""
-    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-        raise ValueError(f"stages must be a positive integer, got {stages!r}")
+    positive_int(stages, "stages")
     if stages > layers:
         raise ValueError(
             f"cannot cut {layers} layers into {stages} stages: every stage needs at "
@@ -40,8 +41,9 @@ def split_at(model: nn.Module, bounds: Sequence[int]) -> list[nn.Sequential]:
     layers = layers_of(model)
     ok = list(bounds) == sorted(set(bounds)) and len(bounds) >= 2
     if not ok or bounds[0] != 0 or bounds[-1] != len(layers):
-        raise ValueError(f"bounds {list(bounds)} must rise strictly from 0 to "
-                         f"{len(layers)}")  # fmt: skip
+        raise ValueError(
+            f"bounds {list(bounds)} must rise strictly from 0 to {len(layers)}"
+        )
     return [
         nn.Sequential(*layers[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)
     ]

@@ -58,16 +58,18 @@ class TorchPipeline:
         g = members(group, "TorchPipeline")
         cls_name, placement = CLASSES[name]
         n = len(stages)
-        need = {"one": n == g.size, "V": n == 2 * g.size,
-                "interleaved": n % g.size == 0 and n > 0}[placement]  # fmt: skip
+        need = {
+            "one": n == g.size,
+            "V": n == 2 * g.size,
+            "interleaved": n % g.size == 0 and n > 0,
+        }[placement]
         if not need:
             want = {
                 "one": "one stage per rank",
                 "V": "two stages per rank (a V)",
                 "interleaved": "as many stages on every rank",
             }[placement]
-            raise ValueError(f"{name} runs {want}: {n} stages, {g.size} "
-                             "ranks")  # fmt: skip
+            raise ValueError(f"{name} runs {want}: {n} stages, {g.size} ranks")
         gloo = dist.get_backend(g.group) == "gloo"
         if placement == "V" and gloo and not torchcompat.V_SCHEDULES_ON_GLOO:
             raise NotImplementedError(
@@ -87,8 +89,9 @@ class TorchPipeline:
         self.last = len(stages) - 1 in self.mine
         self.m = micro_batches
 
-    def step(self, x: Tensor | None = None, target: Tensor | None = None
-             ) -> Tensor | None:  # fmt: skip
+    def step(
+        self, x: Tensor | None = None, target: Tensor | None = None
+    ) -> Tensor | None:
         """One forward and backward; the batch's mean loss on the last stage's rank."""
         losses: list[Tensor] = []
         args = (x,) if self.first else ()

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
+from distcourse.arguments import positive_int
 from distcourse.parallel.pipeline.schedules import Action, Schedule, check
 
 
@@ -40,8 +41,10 @@ def backward_input(
         return lambda: None
     caught: dict[Node, tuple] = {}
     # each hook returns None: the gradient goes on unchanged
-    hooks = [node.register_prehook(lambda g, node=node: caught.__setitem__(node, g))
-             for node in groups]  # fmt: skip
+    hooks = [
+        node.register_prehook(lambda grads, node=node: caught.__setitem__(node, grads))
+        for node in groups
+    ]
     try:
         (inp.grad,) = torch.autograd.grad(out, inp, grad, retain_graph=True)
     finally:
@@ -56,12 +59,16 @@ def backward_input(
     def weight() -> None:
         assert root is not None  # held until W has run
         for node, mine in groups.items():
-            edges = [(GradientEdge(node, i), g) for i, g in enumerate(caught[node])
-                     if g is not None]  # fmt: skip
-            outs, grads = [e for e, _ in edges], [g for _, g in edges]
-            grads = torch.autograd.grad(outs, mine, grads, retain_graph=True)
-            for p, g in zip(mine, grads, strict=True):
-                p.grad = g if p.grad is None else p.grad + g
+            edges = [
+                (GradientEdge(node, i), arrived)
+                for i, arrived in enumerate(caught[node])
+                if arrived is not None
+            ]
+            outs = [edge for edge, _ in edges]
+            arrived = [grad for _, grad in edges]
+            grads = torch.autograd.grad(outs, mine, arrived, retain_graph=True)
+            for p, new in zip(mine, grads, strict=True):
+                p.grad = new if p.grad is None else p.grad + new
 
     return weight
 
@@ -97,8 +104,16 @@ def _groups(out: Tensor, inp: Tensor, params: list[Tensor]) -> dict | None:
         return None
     groups: dict[Node, list[Tensor]] = {}
     for n, leads in on_path.items():
-        side = {q for k, _ in n.next_functions if k is not None and not on_path[k]
-                for q in below[k]} if leads else set()  # fmt: skip
+        side = (
+            {
+                q
+                for k, _ in n.next_functions
+                if k is not None and not on_path[k]
+                for q in below[k]
+            }
+            if leads
+            else set()
+        )
         if side:
             groups[n] = [owner[q] for q in side]
     seen = [p for mine in groups.values() for p in mine]
@@ -114,9 +129,8 @@ def zb_h1(p: int, m: int) -> Schedule:
     r W's come at the end, where 1F1B's rank r would wait for gradients. Every rank
     then holds at most p micro-batches (forward done, W not yet): 1F1B's peak, which
     1F1B reaches on rank 0 only. The formula zb_h1_bubble assumes m >= p."""
-    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in (p, m)):
-        raise ValueError(f"ZB-H1: ranks and micro_batches must be positive integers, "
-                         f"got {p!r}, {m!r}")  # fmt: skip
+    positive_int(p, "ZB-H1: ranks")
+    positive_int(m, "ZB-H1: micro_batches")
     acts = []
     for r in range(p):
         warm = min(p - r, m)
@@ -134,8 +148,9 @@ def zb_h1(p: int, m: int) -> Schedule:
     return schedule
 
 
-def zb_h1_bubble(p: int, m: int, f: float = 1.0, b: float = 1.0, w: float = 1.0
-                 ) -> float:  # fmt: skip
+def zb_h1_bubble(
+    p: int, m: int, f: float = 1.0, b: float = 1.0, w: float = 1.0
+) -> float:
     """ZB-H1's idle share: (p - 1)(f + b - w) idle per rank against m(f + b + w)
     work (the paper's, for w <= f + b); with f = b = w, (p - 1) / (3m + p - 1)."""
     idle = (p - 1) * (f + b - w)

@@ -37,10 +37,21 @@ from distcourse.parallel.tensor.vocab import (
 )
 
 __all__ = [
-    "ColumnParallelLinear", "ParallelMLP", "ParallelSelfAttention",
-    "RowParallelLinear", "SequenceParallelLayerNorm", "SequenceParallelPositions",
-    "VocabParallelEmbedding", "differences", "full_state_dict",
-    "gradient_differences", "load_checkpoint", "load_full_state_dict",
-    "parallelize_block", "parallelize_gpt", "save_checkpoint", "shard_of",
+    "ColumnParallelLinear",
+    "ParallelMLP",
+    "ParallelSelfAttention",
+    "RowParallelLinear",
+    "SequenceParallelLayerNorm",
+    "SequenceParallelPositions",
+    "VocabParallelEmbedding",
+    "differences",
+    "full_state_dict",
+    "gradient_differences",
+    "load_checkpoint",
+    "load_full_state_dict",
+    "parallelize_block",
+    "parallelize_gpt",
+    "save_checkpoint",
+    "shard_of",
     "vocab_parallel_cross_entropy",
-]  # fmt: skip
+]

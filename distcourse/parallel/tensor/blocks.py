@@ -17,21 +17,27 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from distcourse.comm.agree import Group, members
-from distcourse.comm.autograd import copy_to_group, split_sizes
+from distcourse.comm.autograd import split_sizes
+from distcourse.parallel.tensor import edges
 from distcourse.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 
 
 def _pair(
-    first: nn.Linear, second: nn.Linear, group: Group, sequence_parallel: bool,
+    first: nn.Linear,
+    second: nn.Linear,
+    group: Group,
+    sequence_parallel: bool,
     check: bool,
-) -> tuple[ColumnParallelLinear, RowParallelLinear]:  # fmt: skip
-    """A column layer from `first` and a row layer from `second` (checked once)."""
+) -> tuple[ColumnParallelLinear, RowParallelLinear]:
+    """A column layer from `first` and a row layer from `second`: the pair decides
+    once, the column layer checking its input; the row layer's input is the column
+    layer's output, the same shape on every rank by construction."""
     col = ColumnParallelLinear.from_linear(
         first, group, sequence_parallel=sequence_parallel, check=check
     )
     row = RowParallelLinear.from_linear(
         second, group, sequence_parallel=sequence_parallel, check=False
-    )  # its input is col's output: the same shape on every rank by construction
+    )
     return col, row
 
 
@@ -49,9 +55,13 @@ class ParallelMLP(nn.Module):
 
     @classmethod
     def from_module(
-        cls, mlp: nn.Module, group: Group = None, *, sequence_parallel: bool = False,
+        cls,
+        mlp: nn.Module,
+        group: Group = None,
+        *,
+        sequence_parallel: bool = False,
         check: bool = True,
-    ) -> ParallelMLP:  # fmt: skip
+    ) -> ParallelMLP:
         """Split an MLP with Linear attributes `fc`, `proj` (and `drop`): the first's
         output features and the second's input features across the ranks."""
         fc, proj = _pair(mlp.fc, mlp.proj, group, sequence_parallel, check)
@@ -70,10 +80,14 @@ class ParallelSelfAttention(nn.Module):
     """
 
     def __init__(
-        self, query: ColumnParallelLinear, key: ColumnParallelLinear,
-        value: ColumnParallelLinear, proj: RowParallelLinear, head_dim: int,
+        self,
+        query: ColumnParallelLinear,
+        key: ColumnParallelLinear,
+        value: ColumnParallelLinear,
+        proj: RowParallelLinear,
+        head_dim: int,
         dropout: float = 0.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         self.query, self.key, self.value, self.proj = query, key, value, proj
         self.head_dim, self.drop = head_dim, nn.Dropout(dropout)
@@ -81,15 +95,21 @@ class ParallelSelfAttention(nn.Module):
 
     @classmethod
     def from_module(
-        cls, attn: nn.Module, group: Group = None, *, sequence_parallel: bool = False,
+        cls,
+        attn: nn.Module,
+        group: Group = None,
+        *,
+        sequence_parallel: bool = False,
         check: bool = True,
-    ) -> ParallelSelfAttention:  # fmt: skip
+    ) -> ParallelSelfAttention:
         """Split an attention with Linear `query`, `key`, `value`, `proj` and ints
         `n_head`, `head_dim`: whole heads to each rank, or a ValueError."""
         tp = members(group, "ParallelSelfAttention")
         if attn.n_head % tp.size:
-            raise ValueError(f"n_head={attn.n_head} is not divisible by "
-                             f"tensor-parallel size {tp.size}")  # fmt: skip
+            raise ValueError(
+                f"n_head={attn.n_head} is not divisible by "
+                f"tensor-parallel size {tp.size}"
+            )
         query, proj = _pair(attn.query, attn.proj, group, sequence_parallel, check)
         options = dict(sequence_parallel=sequence_parallel, check=check)
         key, value = (
@@ -121,16 +141,21 @@ class SequenceParallelLayerNorm(nn.LayerNorm):
     """
 
     def __init__(self, norm: nn.LayerNorm, group: Group = None) -> None:
-        super().__init__(norm.normalized_shape, norm.eps, norm.elementwise_affine,
-                         norm.bias is not None, dtype=norm.weight.dtype,
-                         device=norm.weight.device)  # fmt: skip
+        super().__init__(
+            norm.normalized_shape,
+            norm.eps,
+            norm.elementwise_affine,
+            norm.bias is not None,
+            dtype=norm.weight.dtype,
+            device=norm.weight.device,
+        )
         self.load_state_dict(norm.state_dict())
         self.group = members(group, "SequenceParallelLayerNorm").group
 
     def forward(self, x: Tensor) -> Tensor:
         w, b = self.weight, self.bias
-        w = None if w is None else copy_to_group(w, self.group, check=False)
-        b = None if b is None else copy_to_group(b, self.group, check=False)
+        w = None if w is None else edges.f(w, self.group)
+        b = None if b is None else edges.f(b, self.group)
         return F.layer_norm(x, self.normalized_shape, w, b, self.eps)
 
 
@@ -150,4 +175,4 @@ class SequenceParallelPositions(nn.Embedding):
         """positions: (T,) for the whole sequence -> (T_r, C) for this rank's part."""
         sizes = split_sizes(positions.shape[0], self.tp.size)
         mine = positions.split(sizes)[self.tp.rank]
-        return F.embedding(mine, copy_to_group(self.weight, self.tp.group, check=False))
+        return F.embedding(mine, edges.f(self.weight, self.tp.group))

@@ -23,17 +23,23 @@ def shard_of(full: Tensor, mine: Tensor, group: Group = None) -> Tensor:
     """The slice of `full` that a parameter shaped like `mine` holds on this rank:
     equal chunks along the one dim where the shapes differ (all of it if none)."""
     tp = members(group, "shard_of")
-    dims = [d for d in range(full.dim()) if full.shape[d] != mine.shape[d]]
+    dims = [dim for dim in range(full.dim()) if full.shape[dim] != mine.shape[dim]]
     if full.dim() != mine.dim() or len(dims) > 1:
-        raise ValueError(f"no slice of a {list(full.shape)} tensor is shaped "
-                         f"{list(mine.shape)}")  # fmt: skip
+        raise ValueError(
+            f"no slice of a {list(full.shape)} tensor is shaped {list(mine.shape)}"
+        )
     return full.chunk(tp.size, dims[0])[tp.rank] if dims else full
 
 
 def differences(
-    module: nn.Module, twin: nn.Module, x: Tensor, *, sequence_parallel: bool = False,
-    seq_dim: int = 1, group: Group = None,
-) -> dict[str, float]:  # fmt: skip
+    module: nn.Module,
+    twin: nn.Module,
+    x: Tensor,
+    *,
+    sequence_parallel: bool = False,
+    seq_dim: int = 1,
+    group: Group = None,
+) -> dict[str, float]:
     """Max |twin - module| / max(1, max |module|) of the output, x's gradient and
     every parameter gradient.
 

@@ -16,13 +16,14 @@ sequence (`seq_dim`), and f / g become all_gather_along / reduce_scatter_along: 
 same bytes on a ring, and the norms and dropouts between blocks work on 1/N of the
 tokens. Sizes are checked when a layer is built (out_features % N, a ValueError
 naming both numbers) and each forward agrees on shapes across ranks first
-(`check=True`: one all_gather of 112 bytes), so bad input is an error on every rank.
+(`check=True`: one all_gather of 112 bytes), so bad input is an error on every rank;
+the messages after that go unchecked (`edges`). Conversions to and from nn.Linear and
+full state dicts are in `checkpoint`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Self
 
 import torch
 import torch.nn.functional as F
@@ -30,86 +31,8 @@ from torch import Tensor, nn
 from torch.types import Device
 
 from distcourse.comm.agree import Group, Members, agree, members
-from distcourse.comm.autograd import (
-    all_gather_along,
-    copy_to_group,
-    gather_from_group,
-    reduce_from_group,
-    reduce_scatter_along,
-    split_to_group,
-)
-
-
-def shard_size(name: str, value: int, g: Members) -> int:
-    """value / tensor-parallel size, or a ValueError naming both numbers."""
-    if value % g.size:
-        raise ValueError(
-            f"{name}={value} is not divisible by tensor-parallel size {g.size}"
-        )
-    return value // g.size
-
-
-def check_shape(what: str, key: str, got: torch.Size, want: tuple[int, ...]) -> None:
-    """ValueError unless a full tensor `key` has the shape the layer expects."""
-    if tuple(got) != tuple(want):
-        raise ValueError(
-            f"{what}: checkpoint tensor {key!r} has shape {list(got)}, this layer "
-            f"needs {list(want)} (was it saved from a model of another size?)"
-        )
-
-
-def _init(weight: Tensor, bias: Tensor | None, fan_in: int) -> None:
-    """nn.Linear's initialisation, bounds from the full layer's fan-in."""
-    bound = 1 / math.sqrt(fan_in) if fan_in else 0.0
-    with torch.no_grad():
-        weight.uniform_(-bound, bound)
-        if bias is not None:
-            bias.uniform_(-bound, bound)
-
-
-class ShardedLinear(nn.Module):
-    """What both parallel linears share: built from, and turned back into, nn.Linear.
-
-    A subclass keeps its slice in `weight` (and `bias`) and says how a full state
-    dict is cut (`load_full_state_dict`) and gathered (`full_state_dict`).
-    """
-
-    in_features: int
-    out_features: int
-
-    @classmethod
-    def from_linear(
-        cls, linear: nn.Linear, group: Group = None, **options: object
-    ) -> Self:
-        """This rank's slice of `linear` (which is left unchanged), on its device."""
-        out, inp = linear.weight.shape
-        w = linear.weight
-        layer = cls(inp, out, linear.bias is not None, group=group, dtype=w.dtype,
-                    device=w.device, **options)  # fmt: skip
-        layer.load_full_state_dict(linear.state_dict())
-        return layer
-
-    def full_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The whole layer's parameter shapes, as nn.Linear holds them."""
-        shapes = {"weight": (self.out_features, self.in_features)}
-        if self.bias is not None:
-            shapes["bias"] = (self.out_features,)
-        return shapes
-
-    def full_state_dict(self) -> dict[str, Tensor]:
-        raise NotImplementedError
-
-    def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
-        raise NotImplementedError
-
-    def to_linear(self) -> nn.Linear:
-        """The whole layer as one nn.Linear (a collective: every rank calls it)."""
-        state = self.full_state_dict()
-        w = self.weight
-        linear = nn.Linear(self.in_features, self.out_features, self.bias is not None,
-                           dtype=w.dtype, device=w.device)  # fmt: skip
-        linear.load_state_dict(state)
-        return linear
+from distcourse.parallel.tensor import edges
+from distcourse.parallel.tensor.checkpoint import ShardedLinear, check_keys
 
 
 class ColumnParallelLinear(ShardedLinear):
@@ -121,20 +44,28 @@ class ColumnParallelLinear(ShardedLinear):
     """
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool = True, *,
-        group: Group = None, gather_output: bool = False,
-        sequence_parallel: bool = False, seq_dim: int = 1, check: bool = True,
-        dtype: torch.dtype | None = None, device: Device = None,
-    ) -> None:  # fmt: skip
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        group: Group = None,
+        gather_output: bool = False,
+        sequence_parallel: bool = False,
+        seq_dim: int = 1,
+        check: bool = True,
+        dtype: torch.dtype | None = None,
+        device: Device = None,
+    ) -> None:
         super().__init__()
         self.tp = members(group, "ColumnParallelLinear")
-        local = shard_size("out_features", out_features, self.tp)
+        rows = shard_size("out_features", out_features, self.tp)
         self.in_features, self.out_features = in_features, out_features
         self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
         self.seq_dim, self.check = seq_dim, check
         made = dict(dtype=dtype, device=device)  # nn.Linear's factory arguments
-        self.weight = nn.Parameter(torch.empty(local, in_features, **made))
-        self.bias = nn.Parameter(torch.empty(local, **made)) if bias else None
+        self.weight = nn.Parameter(torch.empty(rows, in_features, **made))
+        self.bias = nn.Parameter(torch.empty(rows, **made)) if bias else None
         _init(self.weight, self.bias, in_features)
 
     def enter(self, x: Tensor) -> Tensor:
@@ -145,24 +76,26 @@ class ColumnParallelLinear(ShardedLinear):
         """
         tp, d = self.tp, self.seq_dim
 
-        def local() -> int:
+        def input_fits() -> int:
             if x.dim() < 1 or x.shape[-1] != self.in_features:
                 raise ValueError(
                     f"ColumnParallelLinear: input of shape {list(x.shape)}, expected "
                     f"(..., in_features={self.in_features})"
                 )
             if self.sequence_parallel and not -x.dim() <= d < x.dim() - 1:
-                raise ValueError(f"ColumnParallelLinear: seq_dim={d} is not a "
-                                 f"sequence dim of a {x.dim()}-d input")  # fmt: skip
+                raise ValueError(
+                    f"ColumnParallelLinear: seq_dim={d} is not a "
+                    f"sequence dim of a {x.dim()}-d input"
+                )
             return -1
 
-        sp = self.sequence_parallel and -x.dim() <= d < x.dim()
-        shape = x.narrow(d, 0, 0) if sp else x  # sequence parts may differ in length
-        agree("ColumnParallelLinear", shape, tp.group, local, "",
-              self.check and tp.size > 1)  # fmt: skip
+        split_seq = self.sequence_parallel and -x.dim() <= d < x.dim()
+        compared = x.narrow(d, 0, 0) if split_seq else x  # parts may differ in length
+        name = "ColumnParallelLinear"
+        agree(name, compared, tp.group, validate=input_fits, check=self.check)
         if self.sequence_parallel:
-            return all_gather_along(x, d, tp.group, check=False)
-        return copy_to_group(x, tp.group, check=False)
+            return edges.gather_sequence(x, d, tp.group)
+        return edges.f(x, tp.group)
 
     def local(self, x: Tensor) -> Tensor:
         """This rank's output features of x, no messages: x has been through `enter`."""
@@ -171,14 +104,16 @@ class ColumnParallelLinear(ShardedLinear):
     def forward(self, x: Tensor) -> Tensor:
         y = self.local(self.enter(x))  # (..., out_features / N)
         if self.gather_output:  # (..., out_features), the same on every rank
-            return gather_from_group(y, -1, self.tp.group, check=False)
+            return edges.gather(y, -1, self.tp.group)
         return y
 
     def full_state_dict(self) -> dict[str, Tensor]:
         """The whole layer's weight (and bias), gathered: a collective of the group."""
         with torch.no_grad():
-            return {k: gather_from_group(v.detach(), 0, self.tp.group, check=False)
-                    for k, v in self.state_dict().items()}  # fmt: skip
+            return {
+                k: edges.gather(v.detach(), 0, self.tp.group)
+                for k, v in self.state_dict().items()
+            }
 
     def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
         """Keep this rank's rows of a full state dict (no messages)."""
@@ -190,10 +125,12 @@ class ColumnParallelLinear(ShardedLinear):
                 param.copy_(state[key].chunk(n, 0)[r])
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features} "
-                f"({self.weight.shape[0]} on this rank of {self.tp.size}), "
-                f"gather_output={self.gather_output}, "
-                f"sequence_parallel={self.sequence_parallel}")  # fmt: skip
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features} "
+            f"({self.weight.shape[0]} on this rank of {self.tp.size}), "
+            f"gather_output={self.gather_output}, "
+            f"sequence_parallel={self.sequence_parallel}"
+        )
 
 
 class RowParallelLinear(ShardedLinear):
@@ -207,20 +144,28 @@ class RowParallelLinear(ShardedLinear):
     """
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool = True, *,
-        group: Group = None, input_is_parallel: bool = True,
-        sequence_parallel: bool = False, seq_dim: int = 1, check: bool = True,
-        dtype: torch.dtype | None = None, device: Device = None,
-    ) -> None:  # fmt: skip
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        group: Group = None,
+        input_is_parallel: bool = True,
+        sequence_parallel: bool = False,
+        seq_dim: int = 1,
+        check: bool = True,
+        dtype: torch.dtype | None = None,
+        device: Device = None,
+    ) -> None:
         super().__init__()
         self.tp = members(group, "RowParallelLinear")
-        local = shard_size("in_features", in_features, self.tp)
+        cols = shard_size("in_features", in_features, self.tp)
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel = input_is_parallel
         self.sequence_parallel = sequence_parallel
         self.seq_dim, self.check = seq_dim, check
         made = dict(dtype=dtype, device=device)  # nn.Linear's factory arguments
-        self.weight = nn.Parameter(torch.empty(out_features, local, **made))
+        self.weight = nn.Parameter(torch.empty(out_features, cols, **made))
         full = torch.empty(out_features, **made)  # added once, after the sum
         self.bias = nn.Parameter(full) if bias else None
         _init(self.weight, self.bias, in_features)
@@ -228,10 +173,10 @@ class RowParallelLinear(ShardedLinear):
     def _check_input(self, x: Tensor) -> None:
         """Agree on x's shape across ranks; a full input where a slice belongs is an
         error on every rank (the commonest mistake: input_is_parallel left True)."""
-        tp, local = self.tp, self.weight.shape[1]
+        tp, mine = self.tp, self.weight.shape[1]
 
-        def valid() -> int:
-            want = local if self.input_is_parallel else self.in_features
+        def input_fits() -> int:
+            want = mine if self.input_is_parallel else self.in_features
             if x.dim() >= 1 and x.shape[-1] == want:
                 return -1
             full = x.dim() >= 1 and x.shape[-1] == self.in_features
@@ -239,7 +184,7 @@ class RowParallelLinear(ShardedLinear):
                 raise ValueError(
                     f"RowParallelLinear was fed a full input ({self.in_features} "
                     f"features): with input_is_parallel=True each rank takes its slice "
-                    f"of {local}; split it, or build the layer with "
+                    f"of {mine}; split it, or build the layer with "
                     "input_is_parallel=False"
                 )
             raise ValueError(
@@ -248,26 +193,26 @@ class RowParallelLinear(ShardedLinear):
                 f"in_features={self.in_features})"
             )
 
-        agree("RowParallelLinear", x, tp.group, valid, "", self.check and tp.size > 1)
+        agree("RowParallelLinear", x, tp.group, validate=input_fits, check=self.check)
 
     def forward(self, x: Tensor) -> Tensor:
         self._check_input(x)
         group = self.tp.group
         if not self.input_is_parallel:
-            x = split_to_group(x, -1, group, check=False)  # (..., in_features / N)
+            x = edges.split(x, -1, group)  # (..., in_features / N)
         partial = F.linear(x, self.weight)  # (..., out_features), summed next
         if not self.sequence_parallel:
-            y = reduce_from_group(partial, group, check=False)
+            y = edges.g(partial, group)
             return y if self.bias is None else y + self.bias
-        y = reduce_scatter_along(partial, self.seq_dim, group, check=False)
+        y = edges.scatter_sequence(partial, self.seq_dim, group)
         if self.bias is None:
             return y
-        return y + copy_to_group(self.bias, group, check=False)  # used on my tokens
+        return y + edges.f(self.bias, group)  # used on my tokens
 
     def full_state_dict(self) -> dict[str, Tensor]:
         """The whole layer's weight gathered along columns (a collective), and bias."""
         with torch.no_grad():
-            w = gather_from_group(self.weight.detach(), 1, self.tp.group, check=False)
+            w = edges.gather(self.weight.detach(), 1, self.tp.group)
             state = {"weight": w}
             if self.bias is not None:
                 state["bias"] = self.bias.detach().clone()
@@ -283,18 +228,27 @@ class RowParallelLinear(ShardedLinear):
                 self.bias.copy_(state["bias"])
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features} ({self.weight.shape[1]} on this rank "
-                f"of {self.tp.size}), out_features={self.out_features}, "
-                f"input_is_parallel={self.input_is_parallel}, "
-                f"sequence_parallel={self.sequence_parallel}")  # fmt: skip
-
-
-def check_keys(what: str, state: dict[str, Tensor], shapes: dict[str, tuple]) -> None:
-    """ValueError unless `state` holds exactly `shapes`' keys with those full shapes."""
-    if set(state) != set(shapes):
-        raise ValueError(
-            f"{what}: checkpoint has keys {sorted(state)}, this layer needs "
-            f"{sorted(shapes)}"
+        return (
+            f"in_features={self.in_features} ({self.weight.shape[1]} on this rank "
+            f"of {self.tp.size}), out_features={self.out_features}, "
+            f"input_is_parallel={self.input_is_parallel}, "
+            f"sequence_parallel={self.sequence_parallel}"
         )
-    for key, shape in shapes.items():
-        check_shape(what, key, state[key].shape, shape)
+
+
+def shard_size(name: str, value: int, g: Members) -> int:
+    """value / tensor-parallel size, or a ValueError naming both numbers."""
+    if value % g.size:
+        raise ValueError(
+            f"{name}={value} is not divisible by tensor-parallel size {g.size}"
+        )
+    return value // g.size
+
+
+def _init(weight: Tensor, bias: Tensor | None, fan_in: int) -> None:
+    """nn.Linear's initialisation, bounds from the full layer's fan-in."""
+    bound = 1 / math.sqrt(fan_in) if fan_in else 0.0
+    with torch.no_grad():
+        weight.uniform_(-bound, bound)
+        if bias is not None:
+            bias.uniform_(-bound, bound)

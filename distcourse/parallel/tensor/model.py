@@ -32,9 +32,12 @@ SHARDED = (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)
 
 
 def parallelize_block(
-    block: nn.Module, group: Group = None, *, sequence_parallel: bool = False,
+    block: nn.Module,
+    group: Group = None,
+    *,
+    sequence_parallel: bool = False,
     check: bool = True,
-) -> nn.Module:  # fmt: skip
+) -> nn.Module:
     """A copy of a pre-norm block (`ln1`, `attn`, `ln2`, `mlp`) split across `group`.
 
     The block's own forward, x + attn(ln1(x)) then x + mlp(ln2(x)), runs unchanged:
@@ -52,9 +55,12 @@ def parallelize_block(
 
 
 def parallelize_gpt(
-    model: nn.Module, group: Group = None, *, sequence_parallel: bool = False,
+    model: nn.Module,
+    group: Group = None,
+    *,
+    sequence_parallel: bool = False,
     check: bool = True,
-) -> nn.Module:  # fmt: skip
+) -> nn.Module:
     """A tensor-parallel copy of a TinyGPT; `model` itself is left as it was.
 
     The token embedding is vocabulary-parallel, each block as in parallelize_block,

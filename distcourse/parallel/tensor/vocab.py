@@ -21,12 +21,9 @@ from torch import Tensor, nn
 from torch.types import Device
 
 from distcourse.comm.agree import Group, Members, agree, members
-from distcourse.comm.autograd import (
-    gather_from_group,
-    reduce_from_group,
-    reduce_scatter_along,
-)
-from distcourse.parallel.tensor.layers import check_keys, shard_size
+from distcourse.parallel.tensor import edges
+from distcourse.parallel.tensor.checkpoint import check_keys
+from distcourse.parallel.tensor.layers import shard_size
 
 
 def _check_ids(what: str, ids: Tensor, vocab: int) -> None:
@@ -34,8 +31,10 @@ def _check_ids(what: str, ids: Tensor, vocab: int) -> None:
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise ValueError(f"{what}: token ids must be integers, got {ids.dtype}")
     if ids.numel() and (ids.min() < 0 or ids.max() >= vocab):
-        raise ValueError(f"{what}: token ids must lie in [0, {vocab}), got "
-                         f"[{ids.min().item()}, {ids.max().item()}]")  # fmt: skip
+        raise ValueError(
+            f"{what}: token ids must lie in [0, {vocab}), got "
+            f"[{ids.min().item()}, {ids.max().item()}]"
+        )
 
 
 def _owned(ids: Tensor, start: int, count: int) -> tuple[Tensor, Tensor]:
@@ -53,19 +52,26 @@ class VocabParallelEmbedding(nn.Module):
     """
 
     def __init__(
-        self, num_embeddings: int, embedding_dim: int, *, group: Group = None,
-        sequence_parallel: bool = False, seq_dim: int = 1, check: bool = True,
-        dtype: torch.dtype | None = None, device: Device = None,
-    ) -> None:  # fmt: skip
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        group: Group = None,
+        sequence_parallel: bool = False,
+        seq_dim: int = 1,
+        check: bool = True,
+        dtype: torch.dtype | None = None,
+        device: Device = None,
+    ) -> None:
         super().__init__()
         self.tp = members(group, "VocabParallelEmbedding")
-        local = shard_size("num_embeddings", num_embeddings, self.tp)
+        rows = shard_size("num_embeddings", num_embeddings, self.tp)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.start = self.tp.rank * local  # first token this rank owns
+        self.start = self.tp.rank * rows  # first token this rank owns
         self.sequence_parallel = sequence_parallel
         self.seq_dim, self.check = seq_dim, check
         self.weight = nn.Parameter(
-            torch.randn(local, embedding_dim, dtype=dtype, device=device)
+            torch.randn(rows, embedding_dim, dtype=dtype, device=device)
         )
 
     @classmethod
@@ -82,22 +88,21 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         tp, name = self.tp, "VocabParallelEmbedding"
 
-        def local() -> int:
+        def ids_in_vocabulary() -> int:
             _check_ids(name, ids, self.num_embeddings)
             return -1
 
-        agree(name, ids, tp.group, local, "", self.check and tp.size > 1)
-        local, outside = _owned(ids, self.start, self.weight.shape[0])
-        part = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        agree(name, ids, tp.group, validate=ids_in_vocabulary, check=self.check)
+        mine, outside = _owned(ids, self.start, self.weight.shape[0])
+        part = F.embedding(mine, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
         if self.sequence_parallel:  # (B, T / N, C): my part of the sequence
-            return reduce_scatter_along(part, self.seq_dim, tp.group, check=False)
-        return reduce_from_group(part, tp.group, check=False)  # (B, T, C)
+            return edges.scatter_sequence(part, self.seq_dim, tp.group)
+        return edges.g(part, tp.group)  # (B, T, C)
 
     def full_state_dict(self) -> dict[str, Tensor]:
         """The whole table, gathered (a collective of the group)."""
         with torch.no_grad():
-            return {"weight": gather_from_group(self.weight.detach(), 0, self.tp.group,
-                                                check=False)}  # fmt: skip
+            return {"weight": edges.gather(self.weight.detach(), 0, self.tp.group)}
 
     def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
         """Keep this rank's rows of a full state dict (no messages)."""
@@ -108,17 +113,22 @@ class VocabParallelEmbedding(nn.Module):
 
     def to_embedding(self) -> nn.Embedding:
         """The whole table as one nn.Embedding (a collective: every rank calls it)."""
-        embedding = nn.Embedding(self.num_embeddings, self.embedding_dim,
-                                 dtype=self.weight.dtype,
-                                 device=self.weight.device)  # fmt: skip
+        embedding = nn.Embedding(
+            self.num_embeddings,
+            self.embedding_dim,
+            dtype=self.weight.dtype,
+            device=self.weight.device,
+        )
         embedding.load_state_dict(self.full_state_dict())
         return embedding
 
     def extra_repr(self) -> str:
-        return (f"{self.num_embeddings}, {self.embedding_dim} (tokens {self.start}.."
-                f"{self.start + self.weight.shape[0] - 1} on this rank of "
-                f"{self.tp.size}), "
-                f"sequence_parallel={self.sequence_parallel}")  # fmt: skip
+        return (
+            f"{self.num_embeddings}, {self.embedding_dim} (tokens {self.start}.."
+            f"{self.start + self.weight.shape[0] - 1} on this rank of "
+            f"{self.tp.size}), "
+            f"sequence_parallel={self.sequence_parallel}"
+        )
 
 
 class _CrossEntropy(torch.autograd.Function):
@@ -146,9 +156,12 @@ class _CrossEntropy(torch.autograd.Function):
 
 
 def vocab_parallel_cross_entropy(
-    logits: Tensor, target: Tensor, group: Group = None, reduction: str = "mean",
+    logits: Tensor,
+    target: Tensor,
+    group: Group = None,
+    reduction: str = "mean",
     check: bool = True,
-) -> Tensor:  # fmt: skip
+) -> Tensor:
     """F.cross_entropy(full_logits.flatten(0, -2), target.flatten()) from shards.
 
     `logits` (..., V / N): this rank's vocabulary slice (a ColumnParallelLinear
@@ -159,20 +172,29 @@ def vocab_parallel_cross_entropy(
     tp = members(group, "vocab_parallel_cross_entropy")
     name = "vocab_parallel_cross_entropy"
 
-    def local() -> int:
+    def arguments_fit() -> int:
         if reduction not in ("mean", "sum", "none"):
-            raise ValueError(f"{name}: reduction must be mean, sum or none, "
-                             f"got {reduction!r}")  # fmt: skip
+            raise ValueError(
+                f"{name}: reduction must be mean, sum or none, got {reduction!r}"
+            )
         if logits.dim() < 1 or target.shape != logits.shape[:-1]:
-            raise ValueError(f"{name}: target of shape {list(target.shape)} does not "
-                             f"fit logits of shape {list(logits.shape)}")  # fmt: skip
+            raise ValueError(
+                f"{name}: target of shape {list(target.shape)} does not "
+                f"fit logits of shape {list(logits.shape)}"
+            )
         _check_ids(name, target, logits.shape[-1] * tp.size)
         return -1
 
-    agree(name, logits, group, local, "", check and tp.size > 1)
-    loss = _CrossEntropy.apply(logits, target, tp) if tp.size > 1 else (
-        F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="none")
-        .view(target.shape))  # fmt: skip
+    agree(name, logits, group, validate=arguments_fit, check=check)
+    loss = (
+        _CrossEntropy.apply(logits, target, tp)
+        if tp.size > 1
+        else (
+            F.cross_entropy(
+                logits.flatten(0, -2), target.flatten(), reduction="none"
+            ).view(target.shape)
+        )
+    )
     if reduction == "none":
         return loss
     return loss.mean() if reduction == "mean" else loss.sum()
