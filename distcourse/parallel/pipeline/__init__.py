@@ -6,12 +6,14 @@
 
 split: where to cut; schedules: GPipe, 1F1B, interleaved 1F1B as lists of actions;
 zero_bubble: ZB-H1, its backward split into input (B) and weight (W) gradients;
-runner: executes them with comm.p2p; batch: each step's batch agreed by all
-ranks; links: the groups (and threads) that carry the transfers; shapes: each
-stage's input checked before any send; stats: activation memory held and the
-bubble measured from the events.
+plain: PlainPipeline, a schedule run plainly (receive, run, send: read it first);
+runner: Pipeline, the same with checks, events and transfers posted ahead; batch:
+each step's batch agreed by all ranks; links: the groups (and threads) that carry
+the transfers; shapes: each stage's input checked before any send; stats: activation
+memory held and the bubble measured from the events.
 """
 
+from distcourse.parallel.pipeline.plain import PlainPipeline
 from distcourse.parallel.pipeline.runner import Pipeline
 from distcourse.parallel.pipeline.schedules import (
     Action,
@@ -39,6 +41,7 @@ __all__ = [
     "Action",
     "ActivationMeter",
     "Pipeline",
+    "PlainPipeline",
     "Schedule",
     "balance",
     "bubble",
