@@ -21,6 +21,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from distcourse import tables
+
 LOCK_NAME = "requirements.lock"
 # The extras that `make` installs, so the ones the lock covers.
 EXTRAS = ("book", "test", "vision")
@@ -163,18 +165,17 @@ def format_differences(differences: list[Difference], lock: Path) -> str:
     """A message for a reader whose notebook output differs: what, why, and the fix."""
     if not differences:
         return f"This environment matches {lock}."
-    width = max(len(package.name) for package in differences)
     rows = []
     for package in differences:
         installed = package.installed
         have = "not installed" if installed is None else f"installed {installed}"
-        rows.append(f"  {package.name:<{width}}  {have}, locked {package.locked}")
+        rows.append(("  " + package.name, f"{have}, locked {package.locked}"))
     count = len(differences)
     return "\n".join(
         [
             f"{count} package{'s' if count > 1 else ''} in this environment "
             f"{'differ' if count > 1 else 'differs'} from {lock}:",
-            *rows,
+            tables.aligned(rows, gaps=2),
             "The stored notebook outputs were made with the locked versions, so strict",
             "nbval may report differences. Install the locked versions: in the",
             f"repository, `{FIX_COMMANDS[0]}` (re-installs .venv from the lock), or in",
@@ -216,14 +217,13 @@ def key_versions_report(lock: Path | None = None) -> list[str]:
     lock = default_lock_path() if lock is None else lock
     installed = installed_versions()
     locked = read_lock(lock) if lock.is_file() else {}
-    lines = [f"{'versions':<16}{'installed':<15}{LOCK_NAME}"]
+    rows = [("versions", "installed", LOCK_NAME)]
     for name in KEY_PACKAGES:
         have, want = installed.get(name), locked.get(name)
         same = have is not None and want is not None and version_matches(want, have)
-        lines.append(
-            f"  {name:<13} {have or '-':<14} {want or '-':<14}"
-            f"{'' if not locked else ' ok' if same else ' DIFFERS'}"
-        )
+        verdict = "" if not locked else " ok" if same else " DIFFERS"
+        rows.append(("  " + name, have or "-", want or "-", verdict))
+    lines = tables.aligned(rows, widths=(15, 14, 14, 0), gaps=(1, 1, 0)).splitlines()
     if not locked:
         return [*lines, f"lock       {lock} not found: versions not compared"]
     differences = compare(locked, installed, required_names())

@@ -16,7 +16,7 @@ import statistics
 
 import torch.distributed as dist
 
-from distcourse import comm
+from distcourse import comm, tables
 from distcourse.comm.costmodel import bus_bandwidth, measure
 from distcourse.launch import spawn
 
@@ -81,16 +81,22 @@ def _human(size: int) -> str:
 
 def table(rows: list[dict]) -> str:
     """The rows as a fixed-width text table (ratio: median; spread: lowest-highest)."""
-    head = f"{'ranks':>5} {'size':>8} {'torch GB/s':>11} {'distcourse GB/s':>16}"
-    lines = [f"{head} {'ratio':>6} {'spread':>10} {'runs':>4}"]
-    for r in rows:
-        spread = f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}"
-        lines.append(
-            f"{r['ranks']:>5} {_human(r['bytes']):>8} {r['torch_gbps']:>11.3f} "
-            f"{r['distcourse_gbps']:>16.3f} {r['ratio']:>6.2f} {spread:>10} "
-            f"{r['runs']:>4}"
+    head = ("ranks", "size", "torch GB/s", "distcourse GB/s", "ratio", "spread", "runs")
+    cells = [
+        (
+            r["ranks"],
+            _human(r["bytes"]),
+            f"{r['torch_gbps']:.3f}",
+            f"{r['distcourse_gbps']:.3f}",
+            f"{r['ratio']:.2f}",
+            f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}",
+            r["runs"],
         )
-    return "\n".join(lines)
+        for r in rows
+    ]
+    return tables.aligned(
+        [head, *cells], widths=(5, 8, 11, 16, 6, 10, 4), align=">" * 7
+    )
 
 
 def main(argv: list[str]) -> int:

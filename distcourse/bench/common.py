@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from distcourse import runtime
+from distcourse import runtime, tables
 
 
 def parser(name: str, description: str, quick: str) -> argparse.ArgumentParser:
@@ -41,14 +41,16 @@ def ratio_of(rows: Sequence[dict], name: str, ranks: int) -> float:
 
 def table(rows: Sequence[dict], implementation_width: int, vs: str) -> str:
     """Rows of (ranks, implementation, step_ms, vs_torch) as an aligned text table."""
-    width, right = implementation_width, max(len(vs), 8)
-    lines = [f"{'ranks':>5}  {'implementation':<{width}} {'step ms':>9}  {vs:>{right}}"]
-    for row in rows:
-        lines.append(
-            f"{row['ranks']:>5}  {row['implementation']:<{width}} "
-            f"{row['step_ms']:>9.2f}  {row['vs_torch']:>{right}.2f}"
-        )
-    return "\n".join(lines)
+    cells = [
+        (r["ranks"], r["implementation"], f"{r['step_ms']:.2f}", f"{r['vs_torch']:.2f}")
+        for r in rows
+    ]
+    return tables.aligned(
+        [("ranks", "implementation", "step ms", vs), *cells],
+        widths=(5, implementation_width, 9, max(len(vs), 8)),
+        align="><>>",
+        gaps=(2, 1, 2),
+    )
 
 
 def report(result: dict, as_json: bool, text: Callable[[], list[str]]) -> int:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from distcourse import runtime
+from distcourse import runtime, tables
 from distcourse.bench import common
 from distcourse.examples.gpt import GPTConfig, TinyGPT, token_batches
 from distcourse.launch import spawn
@@ -141,15 +141,22 @@ def run(cfg: Config) -> dict:
 def format_table(rows: list[dict]) -> str:
     """The rows as an aligned text table; the step time last, so that a book can
     mask it ("T ms") without the columns moving."""
-    lines = [
-        f"{'dp x pp x tp':>12} {'m':>3} {'memory KiB':>11} {'activations':>11}  step"
-    ]
-    for r in rows:
-        lines.append(
-            f"{r['layout']:>12} {r['micro_batches']:>3} {r['memory_kib']:>11.1f} "
-            f"{r['activations_kib']:>11.1f}  {r['step_ms']:.1f} ms"
+    cells = [
+        (
+            r["layout"],
+            r["micro_batches"],
+            f"{r['memory_kib']:.1f}",
+            f"{r['activations_kib']:.1f}",
+            f"{r['step_ms']:.1f} ms",
         )
-    return "\n".join(lines)
+        for r in rows
+    ]
+    return tables.aligned(
+        [("dp x pp x tp", "m", "memory KiB", "activations", "step"), *cells],
+        widths=(12, 3, 11, 11, 0),
+        align=">>>>",
+        gaps=(1, 1, 1, 2),
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from distcourse import tables
 from distcourse.examples import models
 from distcourse.launch import spawn
 from distcourse.parallel.ddp import DDP
@@ -101,17 +102,18 @@ def run(width: int = 256) -> list[dict]:
 
 def format_table(rows: list[dict]) -> str:
     """Measured bytes per part in MB (10**6 bytes); do they equal the formula?"""
-    head = f"{'DDP':<6} {'as view':<8}" + "".join(f"{p:>11}" for p in PARTS)
-    lines = [head + f"{'total':>9}  = formula"]
+    lines = [("DDP", "as view", *PARTS, "total", "= formula")]
     for r in rows:
         held = r["held"]
-        cells = "".join(f"{held[p] / 1e6:>8.2f} MB" for p in PARTS)
-        total = sum(held.values()) / 1e6
-        lines.append(
-            f"{r['impl']:<6} {r['view']!s:<8}{cells}{total:>6.2f} MB  "
-            f"{held == r['expected']}"
-        )
-    return "\n".join(lines)
+        megabytes = [f"{held[p] / 1e6:.2f} MB" for p in PARTS]
+        total = f"{sum(held.values()) / 1e6:.2f} MB"
+        lines.append((r["impl"], r["view"], *megabytes, total, held == r["expected"]))
+    return tables.aligned(
+        lines,
+        widths=(6, 8, *[11] * len(PARTS), 9, 0),
+        align="<<" + ">" * (len(PARTS) + 1),
+        gaps=(1, *[0] * len(PARTS), 0, 2),
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -45,6 +45,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from distcourse import tables
 from distcourse.bench import common
 from distcourse.launch import spawn
 from distcourse.parallel import pipeline as pp
@@ -288,6 +289,19 @@ def run(cfg: Config) -> dict:
     )
 
 
+def format_table(rows: list[dict]) -> str:
+    """The sweep over micro-batch counts m: step time, speed-up and its limit."""
+    cells = [
+        (r["m"], f"{r['step_ms']:.2f}", f"{r['speedup']:.2f}", f"{r['limit']:.2f}")
+        for r in rows
+    ]
+    return tables.aligned(
+        [("m", "step ms", "speed-up", "limit"), *cells],
+        widths=(4, 9, 9, 6),
+        align=">>>>",
+    )
+
+
 def main(argv: list[str]) -> int:
     """Parse options, run, print a summary (or one JSON object)."""
     parser = common.parser(
@@ -314,12 +328,7 @@ def main(argv: list[str]) -> int:
         args.json,
         lambda: [
             f"load {r['load']} on {r['cpus']} CPUs; {cfg}",
-            f"{'m':>4} {'step ms':>9} {'speed-up':>9} {'limit':>6}",
-            *(
-                f"{row['m']:>4} {row['step_ms']:>9.2f} {row['speedup']:>9.2f} "
-                f"{row['limit']:>6.2f}"
-                for row in r["table"]
-            ),
+            format_table(r["table"]),
             f"best m={r['m']}: efficiency {r['efficiency']:.2f}; 1F1B on 4 ranks: "
             f"bubble {r['bubble_measured']:.3f} vs formula {r['bubble_formula']:.3f}; "
             f"ours/torch {r['ratio']:.3f} (quartiles {r['ratio_quartiles']}; inputs "

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from distcourse import runtime
+from distcourse import runtime, tables
 from distcourse.bench import common
 from distcourse.examples import models
 from distcourse.launch import spawn
@@ -111,17 +111,15 @@ def run(cfg: Config) -> list[dict]:
 def format_table(rows: list[dict], speedup: bool = True) -> str:
     """The rows as aligned text. Every time carries its unit, so the book's nbval
     rules mask it; `speedup=False` leaves out the one column they would not mask."""
-    lines = ["mode    ranks  batch/rank  global  step: median [quartiles]"]
+    lines = [("mode", "ranks", "batch/rank", "global", "step: median [quartiles]")]
     for r in rows:
-        line = (
-            f"{r['mode']:<7} {r['ranks']:>5}  {r['per_rank']:>10}  "
-            f"{r['global_batch']:>6}  {r['median_ms']:.2f} ms "
-            f"[{r['q1_ms']:.2f} ms, {r['q3_ms']:.2f} ms]"
-        )
+        step = f"{r['median_ms']:.2f} ms [{r['q1_ms']:.2f} ms, {r['q3_ms']:.2f} ms]"
         if speedup and r["speedup"] is not None:
-            line += f"  speed-up {r['speedup']:.2f}x"
-        lines.append(line)
-    return "\n".join(lines)
+            step += f"  speed-up {r['speedup']:.2f}x"
+        lines.append((r["mode"], r["ranks"], r["per_rank"], r["global_batch"], step))
+    return tables.aligned(
+        lines, widths=(7, 5, 10, 6, 0), align="<>>>", gaps=(1, 2, 2, 2)
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from distcourse import runtime
+from distcourse import runtime, tables
 
 OPS = (
     "send",
@@ -150,14 +150,15 @@ def table(measured: dict[str, str], column: str) -> str:
     cited = [c for c in DOCS if c != column]
     heads = [[*column.split(" ", 1), "(run)"]] + [[*c.split(), "(docs)"] for c in cited]
     width = max(len(word) for head in heads for word in head) + 2
-
-    def line(first: str, cells: list[str]) -> str:
-        return (f"{first:<16}" + "".join(f"{c:^{width}}" for c in cells)).rstrip()
-
-    lines = [line("", [h[k] if k < len(h) else "" for h in heads]) for k in range(3)]
-    lines[-1] = "operation" + lines[-1][len("operation") :]
-    for i, op in enumerate(OPS):
-        lines.append(line(op, [measured[op]] + [DOCS[c][i] for c in cited]))
+    rows = [
+        [first, *(h[k] if k < len(h) else "" for h in heads)]
+        for k, first in enumerate(("", "", "operation"))
+    ]
+    rows += [
+        [op, measured[op], *(DOCS[c][i] for c in cited)] for i, op in enumerate(OPS)
+    ]
+    widths, align = [16] + [width] * len(heads), "<" + "^" * len(heads)
+    lines = [tables.aligned(rows, widths, align, gaps=0)]
     if column in DOCS:
         same = sum(measured[op] == DOCS[column][i] for i, op in enumerate(OPS))
         lines.append(f"{column}: run and docs agree on {same} of {len(OPS)} operations")

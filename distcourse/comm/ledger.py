@@ -23,6 +23,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from distcourse import tables
+
 # collective: (argument holding what this rank contributes, argument naming the root)
 _COLLECTIVES: dict[str, tuple[str | None, str | None]] = {
     "all_reduce": ("tensor", None),
@@ -254,12 +256,10 @@ class Ledger:
 
     def summary(self) -> str:
         """A table, one line per (function, kind): number of records and bytes."""
-        lines = [f"{'op':<24}{'kind':<12}{'count':>7}{'bytes':>14}"]
+        rows = [("op", "kind", "count", "bytes")]
         for op, kind in dict.fromkeys((r.op, r.kind) for r in self.records):
             mine = [r for r in self.records if (r.op, r.kind) == (op, kind)]
-            lines.append(
-                f"{op:<24}{kind:<12}{len(mine):>7}{sum(r.bytes for r in mine):>14,}"
-            )
-        lines.append(f"{'total sent':<43}{self.bytes_sent():>14,}")
-        lines.append(f"{'total received':<43}{self.bytes_received():>14,}")
-        return "\n".join(lines)
+            rows.append((op, kind, len(mine), f"{sum(r.bytes for r in mine):,}"))
+        rows.append(("total sent", "", "", f"{self.bytes_sent():,}"))
+        rows.append(("total received", "", "", f"{self.bytes_received():,}"))
+        return tables.aligned(rows, widths=(24, 12, 7, 14), align="<<>>", gaps=0)

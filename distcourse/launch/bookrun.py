@@ -36,7 +36,7 @@ from pathlib import Path
 
 import nbformat
 
-from distcourse import runtime
+from distcourse import runtime, tables
 
 BOOK = Path(__file__).resolve().parents[2] / "book"
 DEFAULT_OUT = Path("_build/bookrun")
@@ -191,19 +191,16 @@ def machine(device: str, gpus: int) -> str:
 
 def report(chapters: list[Chapter], where: str) -> str:
     """The short report: each chapter run or not, its verdicts and time; the machine."""
-    head = f"{'chapter':<24} {'needs':>5} {'time':>8} {'passed':>6} {'failed':>6}"
+    rows = [("chapter", "needs", "time", "passed", "failed", "result")]
+    for c in chapters:
+        ran = (f"{c.seconds:.1f}s", len(c.passed), len(c.failed))
+        rows.append((c.name, c.needs, *(ran if c.runs else ("-", "-", "-")), c.result))
     lines = [
         f"Book run on {where}",
         "needs: the fewest ranks a chapter is written for (on NCCL, a GPU each)",
         "",
-        f"{head}  result",
+        tables.aligned(rows, (24, 5, 8, 6, 6, 0), "<>>>>", gaps=(1, 1, 1, 1, 2)),
     ]
-    for c in chapters:
-        ran = (f"{c.seconds:>7.1f}s", str(len(c.passed)), str(len(c.failed)))
-        secs, passed, failed = ran if c.runs else ("-", "-", "-")
-        lines.append(
-            f"{c.name:<24} {c.needs:>5} {secs:>8} {passed:>6} {failed:>6}  {c.result}"
-        )
     for c in chapters:
         lines += [f"{c.name}: cell error: {c.error}"] if c.error else []
         lines += [f"{c.name}: {line}" for line in c.failed]
