@@ -14,10 +14,14 @@ the path, as tests/ is not a package).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
+from distcourse.launch import spawn
 from distcourse.launch.script import free_port
 from distcourse.rendezvous import LOOPBACK
 
@@ -54,3 +58,25 @@ def torchrun(ranks: int) -> list[str]:
         "--master-port",
         str(free_port()),
     ]
+
+
+def refused_alike(fn: Callable[[], dict], ranks: int = 2) -> dict:
+    """Run `fn` on `ranks` ranks, where each rank collects the errors of bad calls:
+    they must come within a minute and be the same on every rank; return rank 0's."""
+    start = time.monotonic()
+    errors = spawn(fn, ranks, timeout=5)
+    assert time.monotonic() - start < 60  # an error, never a wait for the timeout
+    assert all(e == errors[0] for e in errors)
+    return errors[0]
+
+
+def tanh_chain() -> nn.Sequential:
+    """Eight Linear(8, 8) + Tanh blocks, seeded: the pipeline tests' model to cut."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(8)])
+
+
+def chain_batch() -> tuple[Tensor, Tensor]:
+    """A seeded batch (x, y) of 8 rows for tanh_chain."""
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(8, 8, generator=gen), torch.randn(8, 8, generator=gen)
