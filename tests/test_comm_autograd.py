@@ -56,6 +56,18 @@ class Case:
     replicated_out: bool = False
 
 
+def _both_gathers_along_0() -> list[Case]:
+    """gather (one replicated result) and all_gather along dim 0: the same values."""
+    concat = lambda xs, n: [torch.cat(xs, 0)] * n  # noqa: E731
+    rows = lambda s, n: (SIZES[s], 3)  # noqa: E731
+    gather = lambda x: ag.gather_from_group(x, 0)  # noqa: E731
+    everywhere = lambda x: ag.all_gather_along(x, 0)  # noqa: E731
+    return [
+        Case("gather 0", gather, concat, rows, replicated_out=True),
+        Case("all_gather 0", everywhere, concat, rows),
+    ]
+
+
 CASES = [
     Case(
         "copy",
@@ -85,25 +97,13 @@ CASES = [
         lambda s, n: (9, 2),
         replicated_in=True,
     ),
-    Case(
-        "gather 0",
-        lambda x: ag.gather_from_group(x, 0),
-        lambda xs, n: [torch.cat(xs, 0)] * n,
-        lambda s, n: (SIZES[s], 3),
-        replicated_out=True,
-    ),
+    *_both_gathers_along_0(),
     Case(
         "gather 1",
         lambda x: ag.gather_from_group(x, 1),
         lambda xs, n: [torch.cat(xs, 1)] * n,
         lambda s, n: (2, ag.split_sizes(7, n)[s], 2),
         replicated_out=True,
-    ),
-    Case(
-        "all_gather 0",
-        lambda x: ag.all_gather_along(x, 0),
-        lambda xs, n: [torch.cat(xs, 0)] * n,
-        lambda s, n: (SIZES[s], 3),
     ),
     Case(
         "all_gather -1",

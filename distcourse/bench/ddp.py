@@ -123,15 +123,15 @@ def main(argv: list[str]) -> int:
         config=asdict(cfg),
         table=rows,
     )
+    model = (
+        f"wide_mlp(width={cfg.width}, depth={cfg.depth}, d_in={cfg.d_in}): "
+        f"{params / 1e6:.2f} M parameters, batch {cfg.batch} per rank, "
+        f"median of {cfg.steps} steps after {cfg.warmup} warm-up, "
+        f"our buckets {args.bucket_mb:g} MB"
+    )
+    verdict = (
+        f"ours / torch DDP on 4 ranks: {ratio:.2f}; naive / torch DDP: {naive:.2f}"
+    )
     return common.report(
-        result,
-        args.json,
-        lambda: [
-            f"wide_mlp(width={cfg.width}, depth={cfg.depth}, d_in={cfg.d_in}): "
-            f"{params / 1e6:.2f} M parameters, batch {cfg.batch} per rank, "
-            f"median of {cfg.steps} steps after {cfg.warmup} warm-up, "
-            f"our buckets {args.bucket_mb:g} MB",
-            format_table(rows),
-            f"ours / torch DDP on 4 ranks: {ratio:.2f}; naive / torch DDP: {naive:.2f}",
-        ],
+        result, args.json, lambda: [model, format_table(rows), verdict]
     )

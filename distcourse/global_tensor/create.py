@@ -14,6 +14,7 @@ pieces on every rank before any data moves.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -56,38 +57,30 @@ def _factory(
     return out
 
 
-def randn(
-    *size: Any,
-    placement: Placement,
-    sbp: Any,
-    dtype: Any = None,
-    requires_grad: bool = False,
-) -> GlobalTensor:
-    """torch.randn(*size)'s values, placed; the same for every placement and sbp."""
-    fn = lambda s, d: torch.randn(s, dtype=d)  # noqa: E731
-    return _factory(fn, size, placement, sbp, dtype, requires_grad, "randn")
+def _torch_factory(
+    make: Callable[..., Tensor], name: str
+) -> Callable[..., GlobalTensor]:
+    """gt.NAME(*size, placement=, sbp=): torch.NAME(*size)'s values, placed; the same
+    values for every placement and sbp (each rank keeps its piece of them)."""
+
+    def factory(
+        *size: Any,
+        placement: Placement,
+        sbp: Any,
+        dtype: Any = None,
+        requires_grad: bool = False,
+    ) -> GlobalTensor:
+        fn = lambda s, d: make(s, dtype=d)  # noqa: E731
+        return _factory(fn, size, placement, sbp, dtype, requires_grad, name)
+
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = f"torch.{name}(*size)'s values, placed; the same for any sbp."
+    return factory
 
 
-def zeros(
-    *size: Any,
-    placement: Placement,
-    sbp: Any,
-    dtype: Any = None,
-    requires_grad: bool = False,
-) -> GlobalTensor:
-    fn = lambda s, d: torch.zeros(s, dtype=d)  # noqa: E731
-    return _factory(fn, size, placement, sbp, dtype, requires_grad, "zeros")
-
-
-def ones(
-    *size: Any,
-    placement: Placement,
-    sbp: Any,
-    dtype: Any = None,
-    requires_grad: bool = False,
-) -> GlobalTensor:
-    fn = lambda s, d: torch.ones(s, dtype=d)  # noqa: E731
-    return _factory(fn, size, placement, sbp, dtype, requires_grad, "ones")
+randn = _torch_factory(torch.randn, "randn")
+zeros = _torch_factory(torch.zeros, "zeros")
+ones = _torch_factory(torch.ones, "ones")
 
 
 def full(
