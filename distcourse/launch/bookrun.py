@@ -37,6 +37,7 @@ from pathlib import Path
 import nbformat
 
 from distcourse import runtime, tables
+from distcourse.arguments import positive_int
 
 BOOK = Path(__file__).resolve().parents[2] / "book"
 DEFAULT_OUT = Path("_build/bookrun")
@@ -130,8 +131,7 @@ def needed_ranks(nb: nbformat.NotebookNode, name: str = "notebook") -> int:
     written = written_ranks(nb)
     if declared is None:
         return written
-    if not isinstance(declared, int) or isinstance(declared, bool) or declared < 0:
-        raise ValueError(f"{name}: min_ranks must be a count, got {declared!r}")
+    positive_int(declared, f"{name}: min_ranks")
     if declared < written:
         raise ValueError(
             f"{name}: metadata says min_ranks={declared}, but a cell starts "
