@@ -183,3 +183,18 @@ def transfer_bytes(
         return (n - 1) * longest  # our ring: n - 1 sends of one block
     mine = total // shape[src.dim] * piece(shape[src.dim], n, 0)[1]
     return sizes + ring_wire_bytes("all_to_all", mine, n)
+
+
+def cost_line(
+    src: SBP, dst: SBP, sent: int, shape: tuple[int, ...], n: int, item: int
+) -> str:
+    """Chapter 6's check of one conversion: the bytes a ledger saw rank 0 `sent`
+    against transfer_bytes, with the collective and its formula. It fails when the
+    conversion took another route (a P -> S done as all_reduce + slice sends
+    2(n-1)T/n, not (n-1)T/n)."""
+    want = transfer_bytes(src, dst, shape, n, item)
+    verdict = "PASS" if sent == want else "FAIL"
+    return (
+        f"{src!r:>4} -> {dst!r:<4} {collective(src, dst):<22} "
+        f"{formula(src, dst):<20} ledger {sent:>3} B, formula {want:>3} B {verdict}"
+    )
