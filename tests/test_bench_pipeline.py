@@ -24,9 +24,16 @@ def test_quick_json_report(capsys: pytest.CaptureFixture[str]) -> None:
         == max(r["speedup"] for r in report["table"][1:])
     )
     m = report["m"]
-    assert report["efficiency"] == pytest.approx(
+    assert report["of_limit"] == pytest.approx(
         report["speedup"] / (2 * m / (m + 1)), abs=2e-3
     )
+    # efficiency: an ideal pipeline of the same stages over the measured step
+    assert (report["efficiency"], report["ideal_ms"]) == (
+        best["efficiency"],
+        best["ideal_ms"],
+    )
+    assert all(0 < r["efficiency"] and 0 < r["ideal_ms"] for r in report["table"])
+    assert report["per_micro_batch_ms"] != 0
     assert report["bubble_formula"] == round(3 / (cfg.m4 + 3), 4)
     assert 0 < report["bubble_measured"] < 1
     assert report["bubble_error"] == pytest.approx(

@@ -33,3 +33,14 @@ def test_meter_counts_saved_activations_not_parameters() -> None:
     meter.release("a")
     meter.release("b")
     assert meter.now == 0 and meter.peak == 12000 and meter.peak_count == 2
+
+
+def test_ideal_step_puts_timed_stages_into_the_schedule_on_paper() -> None:
+    from distcourse.parallel.pipeline import schedules
+
+    # GPipe, 2 stages, m = 2: F0 0-1 1-2; F1 1-2 2-3; B1 3-5 5-7; B0 5-7 7-9
+    assert stats.ideal_step(schedules.gpipe(2, 2), [1.0, 1.0], [2.0, 2.0]) == 9.0
+    layer = nn.Linear(8, 8)
+    forward, backward = stats.stage_times(layer, torch.randn(4, 8), repeats=3)
+    assert forward > 0 and backward > 0
+    assert layer.weight.grad is not None  # accumulated, as micro-batches do

@@ -4,9 +4,16 @@ Three measurements, each a median over steps of the slowest rank's time:
 
 - speedup: on 2 ranks, the same batch through a 2-stage split run naively (one
   micro-batch: one rank idles while the other works) and pipelined by 1F1B with m
-  micro-batches for each m of a sweep; the best m's speed-up over naive, and its
-  efficiency against the limit 2m / (m + 1) of a 2-stage pipeline with free
-  transfers and no per-micro-batch cost;
+  micro-batches for each m of a sweep; the best m's speed-up over naive;
+- efficiency, for each m: ideal over measured step time, the median of the
+  rounds' own ratios, where ideal_ms is the step on paper of a pipeline of the
+  same stages (pp.ideal_step: each stage's forward and backward timed alone on
+  this m's micro-batch, both ranks at once, in the same rounds; transfers free).
+  It is what our runner loses (transfers, waits, checks, Python), not what
+  a small micro-batch loses in compute: that shows as per_micro_batch_ms (the
+  compute an extra micro-batch adds to a stage: at width 1024 each micro-batch
+  reads every weight again and writes its gradient, whatever its size) and in
+  of_limit, the speed-up over the limit 2m / (m + 1) of equal, free micro-batches;
 - bubble_error: on 4 ranks, 1F1B's idle share measured from its events, against
   (p - 1) / (m + p - 1);
 - ratio: on the same 4 ranks and stages, our 1F1B step time over torch's
@@ -142,8 +149,22 @@ def _timed(runners: list, cfg: Config, steps: int) -> torch.Tensor:
     return common.slowest(times)
 
 
-def _two_ranks(cfg: Config) -> list[list[float]]:
-    """Step times: naive (m = 1) first, then 1F1B for each m of the sweep."""
+class Alone:
+    """This rank's stage on one micro-batch x, forward and backward, timed while
+    the other rank does the same with its stage: the actions of an ideal pipeline,
+    timed in the same rounds as the real steps, so that load hits both alike."""
+
+    def __init__(self, stage: nn.Module, x: Tensor) -> None:
+        self.stage, self.x, self.times = stage, x, []
+
+    def step(self, *batch: Tensor) -> None:
+        self.times.append(pp.stage_times(self.stage, self.x, repeats=1))
+
+
+def _two_ranks(cfg: Config) -> dict:
+    """Step times: naive (m = 1) first, then 1F1B for each m of the sweep; and in
+    the same rounds each rank's stage alone on a micro-batch of each size:
+    alone[m][round][rank] = (forward, backward) seconds."""
     ms = (1, *cfg.sweep)
     pipes = [
         pp.Pipeline(
@@ -154,10 +175,19 @@ def _two_ranks(cfg: Config) -> list[list[float]]:
         )
         for m in ms
     ]
-    times = _timed(pipes, cfg, cfg.steps)
+    rank, (x, _) = dist.get_rank(), _data(cfg)
+    first, stage = pp.split_by_count(_model(cfg), 2)  # a copy, as the pipes' are
+    with torch.no_grad():  # stage 1's input is stage 0's output
+        x = x if rank == 0 else first(x)
+    alone = [Alone(first if rank == 0 else stage, x[: cfg.batch // m]) for m in ms]
+    times = _timed([*pipes, *alone], cfg, cfg.steps)[: len(ms)]
     for pipe in pipes:
         pipe.close()
-    return times.tolist()
+    mine = [a.times[cfg.warmup :] for a in alone]
+    seen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, mine)
+    rounds = [list(zip(*at_m, strict=True)) for at_m in zip(*seen, strict=True)]
+    return dict(times=times.tolist(), alone=rounds)
 
 
 SCHEDULES = {"1F1B": pp.one_f_one_b, "GPipe": pp.gpipe, "ZB-H1": pp.zb_h1}
@@ -223,16 +253,41 @@ def _four_ranks(cfg: Config) -> dict:
     return dict(times=times.tolist(), bubbles=bubbles)
 
 
+def _per_micro_batch(alone: list, ms: tuple[int, ...]) -> float:
+    """Compute seconds each extra micro-batch adds to a stage's step (the busier
+    stage's): m micro-batches of b / m against one of b, over the sweep's range;
+    `alone[m][round][rank]` = (forward, backward), medians over the rounds."""
+    work = [
+        [m * _median([f + b for f, b in ranks]) for ranks in zip(*rounds, strict=True)]
+        for m, rounds in zip(ms, alone, strict=True)
+    ]
+    return max(
+        (work[-1][s] - work[0][s]) / (ms[-1] - ms[0]) for s in range(len(work[0]))
+    )
+
+
 def _median(values: list[float]) -> float:
     return torch.tensor(values, dtype=torch.float64).median().item()
 
 
 def run(cfg: Config) -> dict:
     """The report: speed-up, efficiency, bubble error, ratio, and a table."""
-    two = torch.tensor(spawn(_two_ranks, 2, cfg, timeout=60, deadline=600)[0])
-    step = [_median(t.tolist()) for t in two]
+    two = spawn(_two_ranks, 2, cfg, timeout=60, deadline=600)[0]
+    step = [_median(t) for t in two["times"]]
     ms = (1, *cfg.sweep)
     speedups = [step[0] / s for s in step]
+    ideals = [  # [m][round]: the same stages, timed alone, transfers free
+        [
+            pp.ideal_step(pp.one_f_one_b(2, mm), *zip(*ranks, strict=True))
+            for ranks in rounds
+        ]
+        for mm, rounds in zip(ms, two["alone"], strict=True)
+    ]
+    ideal = [_median(i) for i in ideals]
+    efficiency = [  # each round's own ratio: load drifts hit both alike
+        _median([i / t for i, t in zip(row, ts, strict=True)])
+        for row, ts in zip(ideals, two["times"], strict=True)
+    ]
     best = max(range(1, len(ms)), key=lambda i: speedups[i])
     m = ms[best]
     four = spawn(_four_ranks, 4, cfg, timeout=60, deadline=600)[0]
@@ -261,14 +316,21 @@ def run(cfg: Config) -> dict:
             step_ms=round(1000 * s, 3),
             speedup=round(speedup, 3),
             limit=round(2 * mm / (mm + 1), 3),
+            ideal_ms=round(1000 * best_case, 3),
+            efficiency=round(eff, 3),
         )
-        for mm, s, speedup in zip(ms, step, speedups, strict=True)
+        for mm, s, speedup, best_case, eff in zip(
+            ms, step, speedups, ideal, efficiency, strict=True
+        )
     ]
     return dict(
         benchmark="pipeline",
         speedup=round(speedups[best], 3),
         m=m,
-        efficiency=round(speedups[best] / (2 * m / (m + 1)), 3),
+        efficiency=table[best]["efficiency"],  # ideal / measured, at the best m
+        ideal_ms=table[best]["ideal_ms"],
+        of_limit=round(speedups[best] / (2 * m / (m + 1)), 3),
+        per_micro_batch_ms=round(1000 * _per_micro_batch(two["alone"], ms), 3),
         bubble_error=round(measured / formula - 1, 3),
         bubble_measured=round(measured, 4),
         bubble_formula=round(formula, 4),
@@ -290,15 +352,23 @@ def run(cfg: Config) -> dict:
 
 
 def format_table(rows: list[dict]) -> str:
-    """The sweep over micro-batch counts m: step time, speed-up and its limit."""
+    """The sweep over micro-batch counts m: step time, speed-up over naive and its
+    limit 2m / (m + 1), the ideal step of the same stages and measured efficiency."""
     cells = [
-        (r["m"], f"{r['step_ms']:.2f}", f"{r['speedup']:.2f}", f"{r['limit']:.2f}")
+        (
+            r["m"],
+            f"{r['step_ms']:.2f}",
+            f"{r['speedup']:.2f}",
+            f"{r['limit']:.2f}",
+            f"{r['ideal_ms']:.2f}",
+            f"{r['efficiency']:.2f}",
+        )
         for r in rows
     ]
     return tables.aligned(
-        [("m", "step ms", "speed-up", "limit"), *cells],
-        widths=(4, 9, 9, 6),
-        align=">>>>",
+        [("m", "step ms", "speed-up", "limit", "ideal ms", "efficiency"), *cells],
+        widths=(4, 9, 9, 6, 9, 10),
+        align=">>>>>>",
     )
 
 
@@ -329,7 +399,11 @@ def main(argv: list[str]) -> int:
         lambda: [
             f"load {r['load']} on {r['cpus']} CPUs; {cfg}",
             format_table(r["table"]),
-            f"best m={r['m']}: efficiency {r['efficiency']:.2f}; 1F1B on 4 ranks: "
+            f"best m={r['m']}: efficiency {r['efficiency']:.2f} (ideal "
+            f"{r['ideal_ms']:.1f} ms of the same stages / measured); speed-up "
+            f"{r['of_limit']:.2f} of 2m / (m + 1); each extra micro-batch costs a "
+            f"stage {r['per_micro_batch_ms']:.1f} ms of compute",
+            f"1F1B on 4 ranks: "
             f"bubble {r['bubble_measured']:.3f} vs formula {r['bubble_formula']:.3f}; "
             f"ours/torch {r['ratio']:.3f} (quartiles {r['ratio_quartiles']}; inputs "
             f"agreed once: {r['inputs_once_ratio']:.3f})",

@@ -34,7 +34,13 @@ from distcourse.parallel.pipeline.split import (
     split_balanced,
     split_by_count,
 )
-from distcourse.parallel.pipeline.stats import ActivationMeter, bubble, parse
+from distcourse.parallel.pipeline.stats import (
+    ActivationMeter,
+    bubble,
+    ideal_step,
+    parse,
+    stage_times,
+)
 from distcourse.parallel.pipeline.zero_bubble import backward_input, zb_h1, zb_h1_bubble
 
 __all__ = [
@@ -47,6 +53,7 @@ __all__ = [
     "bubble",
     "bubble_formula",
     "check",
+    "ideal_step",
     "gpipe",
     "in_flight",
     "interleaved",
@@ -57,6 +64,7 @@ __all__ = [
     "split_at",
     "split_balanced",
     "split_by_count",
+    "stage_times",
     "transfers",
     "backward_input",
     "zb_h1",

@@ -9,10 +9,17 @@ step is what a schedule costs in activations: GPipe holds all m micro-batches,
 Bubble: of the p ranks' time between the first action's start and the last one's
 end, the share no action was computing. Events are time.perf_counter() spans, one
 clock for all processes of one machine.
+
+Ideal step: a stage's forward and backward timed alone on one micro-batch
+(`stage_times`), put into the schedule on paper with free transfers
+(`ideal_step`): what a pipeline of exactly these stages would take if running it
+cost nothing beyond their compute. Measured step over that is the runner's
+efficiency; small micro-batches that compute badly lower the ideal, not it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -20,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from distcourse import trace
+from distcourse.parallel.pipeline import schedules
 
 
 class ActivationMeter:
@@ -78,3 +86,28 @@ def bubble(per_rank: Sequence[Sequence[trace.Event | tuple]]) -> float:
     end = max(e.end for evs in ranks for e in evs)
     busy = sum(trace.covered(evs) for evs in ranks)
     return 1.0 - busy / (len(ranks) * (end - start))
+
+
+def stage_times(stage: nn.Module, x: Tensor, repeats: int = 5) -> tuple[float, float]:
+    """Median seconds of `stage`'s forward and of its backward (from a gradient of
+    ones) on the micro-batch x. The parameters' gradients accumulate into .grad
+    (zero them after if they matter), as from one micro-batch to the next."""
+    forward, backward = [], []
+    for _ in range(repeats):
+        inp = x.detach().requires_grad_(x.is_floating_point())
+        start = time.perf_counter()
+        out = stage(inp)
+        mid = time.perf_counter()
+        out.backward(torch.ones_like(out))
+        forward.append(mid - start)
+        backward.append(time.perf_counter() - mid)
+    return sorted(forward)[repeats // 2], sorted(backward)[repeats // 2]
+
+
+def ideal_step(
+    schedule: schedules.Schedule, forward: Sequence[float], backward: Sequence[float]
+) -> float:
+    """Seconds a step of `schedule` takes on paper with these per-stage forward and
+    backward times and free transfers: the ideal pipeline of those stages."""
+    runs = schedules.simulate(schedule, forward, backward)
+    return max(end for acts in runs for _, _, end in acts)
