@@ -42,8 +42,8 @@ parser.add_argument("--repeats", type=int, default=1, help="best of this many ru
 parser.add_argument("--json", action="store_true", help="then a JSON line")
 args = parser.parse_args()
 if args.small:
-    blocks, layers, classes, image, batch = BasicBlock, [1, 1, 1, 1], 10, 64, 48
-    sweep = [2, 4, 8, 12, 16, 24]  # at least 2: BatchNorm at layer4's 2x2
+    blocks, layers, classes, image, batch = BasicBlock, [1, 1, 1, 1], 10, 96, 32
+    sweep = [2, 4, 8, 16]  # BatchNorm needs 2 samples at layer4's 3x3
 else:  # the tutorial's sizes
     blocks, layers, classes, image, batch = Bottleneck, [3, 4, 6, 3], 1000, 128, 120
     sweep = [1, 3, 5, 8, 10, 12, 20, 40, 60]

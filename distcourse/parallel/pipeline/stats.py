@@ -111,3 +111,33 @@ def ideal_step(
     backward times and free transfers: the ideal pipeline of those stages."""
     runs = schedules.simulate(schedule, forward, backward)
     return max(end for acts in runs for _, _, end in acts)
+
+
+def micro_batch_cost(
+    sizes: Sequence[float], ms_per_micro_batch: Sequence[float]
+) -> tuple[float, float]:
+    """Least-squares fit of a stage's compute per micro-batch as fixed + per_sample x
+    size: (fixed, per_sample), in the unit given. The fixed part is paid again by
+    every micro-batch (kernel launches, each weight read and its gradient written
+    once per micro-batch whatever its size), so it sets how small a split still
+    pays: (m + p - 1)(fixed + per_sample x batch / m) grows again once the fixed
+    parts added outweigh the bubble removed."""
+    if len(sizes) != len(ms_per_micro_batch) or len(set(sizes)) < 2:
+        raise ValueError("need times for at least 2 different micro-batch sizes")
+    a = torch.tensor([[1.0, float(s)] for s in sizes], dtype=torch.float64)
+    b = torch.tensor([[float(t)] for t in ms_per_micro_batch], dtype=torch.float64)
+    fixed, per_sample = torch.linalg.lstsq(a, b).solution.flatten().tolist()
+    return fixed, per_sample
+
+
+def faster_than_naive(naive: float, pipelined: Sequence[float]) -> bool:
+    """Did the fastest pipelined run (seconds) beat the naive split's?"""
+    return min(pipelined) < naive
+
+
+def held_as_predicted(
+    meter: ActivationMeter, schedule: schedules.Schedule, rank: int
+) -> bool:
+    """Did group rank `rank` hold, at its peak, as many micro-batches' activations
+    as `in_flight` predicts from the schedule alone (GPipe m, 1F1B p - rank)?"""
+    return meter.peak_count == schedules.in_flight(schedule)[rank]
