@@ -67,3 +67,10 @@ def test_sleeping_blocks_take_their_time_forward_and_backward() -> None:
     end = time.perf_counter()
     assert mid - start >= 0.01 and end - mid >= 0.02  # 2 samples x 5 ms, then x 2
     assert torch.equal(x.grad, torch.ones(2, 4))  # the scale starts at one
+
+
+def test_two_ranks_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert pipeline.main(["--quick", "--json", "--two"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["m"] in pipeline.QUICK.sweep and report["efficiency"] > 0
+    assert "ratio" not in report and "schedules" not in report  # no 4-rank part

@@ -270,8 +270,9 @@ def _median(values: list[float]) -> float:
     return torch.tensor(values, dtype=torch.float64).median().item()
 
 
-def run(cfg: Config) -> dict:
-    """The report: speed-up, efficiency, bubble error, ratio, and a table."""
+def run(cfg: Config, four_ranks: bool = True) -> dict:
+    """The report: speed-up, efficiency, a table; then (four_ranks) bubble error,
+    ratios against torch and the plain runner, each schedule's bubble."""
     two = spawn(_two_ranks, 2, cfg, timeout=60, deadline=600)[0]
     step = [_median(t) for t in two["times"]]
     ms = (1, *cfg.sweep)
@@ -290,6 +291,38 @@ def run(cfg: Config) -> dict:
     ]
     best = max(range(1, len(ms)), key=lambda i: speedups[i])
     m = ms[best]
+    table = [
+        dict(
+            m=mm,
+            step_ms=round(1000 * s, 3),
+            speedup=round(speedup, 3),
+            limit=round(2 * mm / (mm + 1), 3),
+            ideal_ms=round(1000 * best_case, 3),
+            efficiency=round(eff, 3),
+        )
+        for mm, s, speedup, best_case, eff in zip(
+            ms, step, speedups, ideal, efficiency, strict=True
+        )
+    ]
+    report = dict(
+        benchmark="pipeline",
+        speedup=round(speedups[best], 3),
+        m=m,
+        efficiency=table[best]["efficiency"],  # ideal / measured, at the best m
+        ideal_ms=table[best]["ideal_ms"],
+        of_limit=round(speedups[best] / (2 * m / (m + 1)), 3),
+        per_micro_batch_ms=round(1000 * _per_micro_batch(two["alone"], ms), 3),
+        load=[round(v, 2) for v in os.getloadavg()],
+        cpus=os.cpu_count(),
+        config=asdict(cfg),
+        table=table,
+    )
+    return {**report, **_four(cfg)} if four_ranks else report
+
+
+def _four(cfg: Config) -> dict:
+    """On 4 ranks: 1F1B's bubble against the formula, ours against torch's and the
+    plain runner, each schedule's bubble and step time."""
     four = spawn(_four_ranks, 4, cfg, timeout=60, deadline=600)[0]
     t4 = torch.tensor(four["times"])  # 1F1B, torch's, GPipe, ZB-H1, 1F1B once,
     # torch's ZB, plain 1F1B
@@ -310,27 +343,7 @@ def run(cfg: Config) -> dict:
             step_ms=round(1000 * took, 3),
             formula=round(formulas[name], 4),
         )
-    table = [
-        dict(
-            m=mm,
-            step_ms=round(1000 * s, 3),
-            speedup=round(speedup, 3),
-            limit=round(2 * mm / (mm + 1), 3),
-            ideal_ms=round(1000 * best_case, 3),
-            efficiency=round(eff, 3),
-        )
-        for mm, s, speedup, best_case, eff in zip(
-            ms, step, speedups, ideal, efficiency, strict=True
-        )
-    ]
     return dict(
-        benchmark="pipeline",
-        speedup=round(speedups[best], 3),
-        m=m,
-        efficiency=table[best]["efficiency"],  # ideal / measured, at the best m
-        ideal_ms=table[best]["ideal_ms"],
-        of_limit=round(speedups[best] / (2 * m / (m + 1)), 3),
-        per_micro_batch_ms=round(1000 * _per_micro_batch(two["alone"], ms), 3),
         bubble_error=round(measured / formula - 1, 3),
         bubble_measured=round(measured, 4),
         bubble_formula=round(formula, 4),
@@ -344,10 +357,6 @@ def run(cfg: Config) -> dict:
         plain_ratio=round(plain_ratio, 3),
         plain_ms=round(1000 * _median(t4[6].tolist()), 3),
         schedules=schedules,
-        load=[round(v, 2) for v in os.getloadavg()],
-        cpus=os.cpu_count(),
-        config=asdict(cfg),
-        table=table,
     )
 
 
@@ -386,13 +395,18 @@ def main(argv: list[str]) -> int:
         metavar="SECONDS",
         help="stages sleep this long per sample instead of computing",
     )
+    parser.add_argument(
+        "--two",
+        action="store_true",
+        help="only the 2-rank sweep (speed-up, efficiency)",
+    )
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     if args.sleep:
         cfg = Config(
             **{**asdict(cfg), "sleep_per_sample": args.sleep, "sweep": tuple(cfg.sweep)}
         )
-    r = run(cfg)
+    r = run(cfg, four_ranks=not args.two)
     return common.report(
         r,
         args.json,
@@ -403,18 +417,25 @@ def main(argv: list[str]) -> int:
             f"{r['ideal_ms']:.1f} ms of the same stages / measured); speed-up "
             f"{r['of_limit']:.2f} of 2m / (m + 1); each extra micro-batch costs a "
             f"stage {r['per_micro_batch_ms']:.1f} ms of compute",
-            f"1F1B on 4 ranks: "
-            f"bubble {r['bubble_measured']:.3f} vs formula {r['bubble_formula']:.3f}; "
-            f"ours/torch {r['ratio']:.3f} (quartiles {r['ratio_quartiles']}; inputs "
-            f"agreed once: {r['inputs_once_ratio']:.3f})",
-            *(
-                f"{name:>6} on 4 ranks: bubble {row['bubble']:.3f} vs formula "
-                f"{row['formula']:.3f}, step {row['step_ms']:.1f} ms"
-                for name, row in r["schedules"].items()
-            ),
-            f"ZB-H1 / torch's ScheduleInterleavedZeroBubble: {r['zb_ratio']:.3f} "
-            f"(theirs {r['torch_zb_ms']:.1f} ms)",
-            f"plain runner / our 1F1B: {r['plain_ratio']:.3f} (plain "
-            f"{r['plain_ms']:.1f} ms)",
+            *([] if args.two else _four_lines(r)),
         ],
     )
+
+
+def _four_lines(r: dict) -> list[str]:
+    """The 4-rank part of the text report."""
+    return [
+        f"1F1B on 4 ranks: "
+        f"bubble {r['bubble_measured']:.3f} vs formula {r['bubble_formula']:.3f}; "
+        f"ours/torch {r['ratio']:.3f} (quartiles {r['ratio_quartiles']}; inputs "
+        f"agreed once: {r['inputs_once_ratio']:.3f})",
+        *(
+            f"{name:>6} on 4 ranks: bubble {row['bubble']:.3f} vs formula "
+            f"{row['formula']:.3f}, step {row['step_ms']:.1f} ms"
+            for name, row in r["schedules"].items()
+        ),
+        f"ZB-H1 / torch's ScheduleInterleavedZeroBubble: {r['zb_ratio']:.3f} "
+        f"(theirs {r['torch_zb_ms']:.1f} ms)",
+        f"plain runner / our 1F1B: {r['plain_ratio']:.3f} (plain "
+        f"{r['plain_ms']:.1f} ms)",
+    ]
