@@ -138,8 +138,11 @@ def test_interleaving_takes_any_m_that_splits_into_rounds_as_torch_does() -> Non
                 s = S.interleaved(p, m, v)
                 S.check(s)
                 S.simulate(s)  # no deadlock
-    assert S.interleaved(4, 6, 2).show().splitlines()[3].startswith(
-        "rank 3: F3.0 F3.1 F3.2 F3.3 F3.4 F3.5 F7.0 B7.0"
+    assert (
+        S.interleaved(4, 6, 2)
+        .show()
+        .splitlines()[3]
+        .startswith("rank 3: F3.0 F3.1 F3.2 F3.3 F3.4 F3.5 F7.0 B7.0")
     )
 
 
