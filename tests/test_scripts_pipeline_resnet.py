@@ -12,7 +12,7 @@ from pathlib import Path
 from helpers import torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
-SWEEP = [(48, 1), (2, 24), (4, 12), (8, 6), (12, 4), (16, 3), (24, 2)]  # naive first
+SWEEP = [(32, 1), (2, 16), (4, 8), (8, 4), (16, 2)]  # naive first
 
 
 def test_small_resnet_sweep_prints_a_table_and_a_json_line() -> None:
@@ -32,14 +32,14 @@ def test_small_resnet_sweep_prints_a_table_and_a_json_line() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert lines[0] == "ResNet small: 3 batches of 48 images 64x64, 10 classes, on cpu"
+    assert lines[0] == "ResNet small: 3 batches of 32 images 96x96, 10 classes, on cpu"
     assert lines[1].startswith("one process ") and lines[1].endswith(" s")
     rows = [line.split() for line in lines[3:-2]]
     assert [(int(r[0]), int(r[1])) for r in rows] == SWEEP
     assert rows[0][3] == "1.00x"
     assert lines[-2].startswith("best split size ")
     report = json.loads(lines[-1])
-    assert (report["batch"], report["image"], report["batches"]) == (48, 64, 3)
+    assert (report["batch"], report["image"], report["batches"]) == (32, 96, 3)
     assert [tuple(row[:2]) for row in report["rows"]] == SWEEP
     assert report["one"] > 0 and all(row[2] > 0 for row in report["rows"])
     # each row: compute per micro-batch on stage 0's rank and stage 1's, in ms

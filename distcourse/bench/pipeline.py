@@ -149,16 +149,10 @@ def _timed(runners: list, cfg: Config, steps: int) -> torch.Tensor:
     return common.slowest(times)
 
 
-class Alone:
-    """This rank's stage on one micro-batch x, forward and backward, timed while
-    the other rank does the same with its stage: the actions of an ideal pipeline,
-    timed in the same rounds as the real steps, so that load hits both alike."""
-
-    def __init__(self, stage: nn.Module, x: Tensor) -> None:
-        self.stage, self.x, self.times = stage, x, []
-
-    def step(self, *batch: Tensor) -> None:
-        self.times.append(pp.stage_times(self.stage, self.x, repeats=1))
+def _ours(cfg: Config, schedule: pp.Schedule, **options: str) -> pp.Pipeline:
+    """Our runner on a fresh copy of the model, split for `schedule`."""
+    stages = pp.split_by_count(_model(cfg), schedule.stages)
+    return pp.Pipeline(stages, schedule, F.mse_loss, timeout=60, **options)
 
 
 def _two_ranks(cfg: Config) -> dict:
@@ -166,20 +160,14 @@ def _two_ranks(cfg: Config) -> dict:
     the same rounds each rank's stage alone on a micro-batch of each size:
     alone[m][round][rank] = (forward, backward) seconds."""
     ms = (1, *cfg.sweep)
-    pipes = [
-        pp.Pipeline(
-            pp.split_by_count(_model(cfg), 2),
-            pp.one_f_one_b(2, m),
-            F.mse_loss,
-            timeout=60,
-        )
-        for m in ms
-    ]
+    pipes = [_ours(cfg, pp.one_f_one_b(2, m)) for m in ms]
     rank, (x, _) = dist.get_rank(), _data(cfg)
     first, stage = pp.split_by_count(_model(cfg), 2)  # a copy, as the pipes' are
     with torch.no_grad():  # stage 1's input is stage 0's output
         x = x if rank == 0 else first(x)
-    alone = [Alone(first if rank == 0 else stage, x[: cfg.batch // m]) for m in ms]
+    alone = [
+        pp.StageTimer(first if rank == 0 else stage, x[: cfg.batch // m]) for m in ms
+    ]
     times = _timed([*pipes, *alone], cfg, cfg.steps)[: len(ms)]
     for pipe in pipes:
         pipe.close()
@@ -196,19 +184,9 @@ SCHEDULES = {"1F1B": pp.one_f_one_b, "GPipe": pp.gpipe, "ZB-H1": pp.zb_h1}
 def _four_ranks(cfg: Config) -> dict:
     """Our 1F1B and torch's, our GPipe and ZB-H1, taking turns; our events give
     each schedule's bubble."""
-    ours = {
-        name: pp.Pipeline(
-            pp.split_by_count(_model(cfg), 4), make(4, cfg.m4), F.mse_loss, timeout=60
-        )
-        for name, make in SCHEDULES.items()
-    }
-    ours["1F1B once"] = pp.Pipeline(  # inputs agreed on the first step only, as torch
-        pp.split_by_count(_model(cfg), 4),
-        pp.one_f_one_b(4, cfg.m4),
-        F.mse_loss,
-        timeout=60,
-        inputs="first",
-    )
+    ours = {name: _ours(cfg, make(4, cfg.m4)) for name, make in SCHEDULES.items()}
+    # inputs agreed on the first step only, as torch's stages do
+    ours["1F1B once"] = _ours(cfg, pp.one_f_one_b(4, cfg.m4), inputs="first")
     theirs = TorchPipeline(
         pp.split_by_count(_model(cfg), 4), "1F1B", cfg.m4, F.mse_loss
     )
@@ -253,19 +231,6 @@ def _four_ranks(cfg: Config) -> dict:
     return dict(times=times.tolist(), bubbles=bubbles)
 
 
-def _per_micro_batch(alone: list, ms: tuple[int, ...]) -> float:
-    """Compute seconds each extra micro-batch adds to a stage's step (the busier
-    stage's): m micro-batches of b / m against one of b, over the sweep's range;
-    `alone[m][round][rank]` = (forward, backward), medians over the rounds."""
-    work = [
-        [m * _median([f + b for f, b in ranks]) for ranks in zip(*rounds, strict=True)]
-        for m, rounds in zip(ms, alone, strict=True)
-    ]
-    return max(
-        (work[-1][s] - work[0][s]) / (ms[-1] - ms[0]) for s in range(len(work[0]))
-    )
-
-
 def _median(values: list[float]) -> float:
     return torch.tensor(values, dtype=torch.float64).median().item()
 
@@ -277,18 +242,13 @@ def run(cfg: Config, four_ranks: bool = True) -> dict:
     step = [_median(t) for t in two["times"]]
     ms = (1, *cfg.sweep)
     speedups = [step[0] / s for s in step]
-    ideals = [  # [m][round]: the same stages, timed alone, transfers free
-        [
-            pp.ideal_step(pp.one_f_one_b(2, mm), *zip(*ranks, strict=True))
-            for ranks in rounds
-        ]
-        for mm, rounds in zip(ms, two["alone"], strict=True)
-    ]
-    ideal = [_median(i) for i in ideals]
-    efficiency = [  # each round's own ratio: load drifts hit both alike
-        _median([i / t for i, t in zip(row, ts, strict=True)])
-        for row, ts in zip(ideals, two["times"], strict=True)
-    ]
+    ideal, efficiency = zip(  # per m: the same stages alone, transfers free
+        *(
+            pp.efficiency(pp.one_f_one_b(2, mm), rounds, times)
+            for mm, rounds, times in zip(ms, two["alone"], two["times"], strict=True)
+        ),
+        strict=True,
+    )
     best = max(range(1, len(ms)), key=lambda i: speedups[i])
     m = ms[best]
     table = [
@@ -311,7 +271,7 @@ def run(cfg: Config, four_ranks: bool = True) -> dict:
         efficiency=table[best]["efficiency"],  # ideal / measured, at the best m
         ideal_ms=table[best]["ideal_ms"],
         of_limit=round(speedups[best] / (2 * m / (m + 1)), 3),
-        per_micro_batch_ms=round(1000 * _per_micro_batch(two["alone"], ms), 3),
+        per_micro_batch_ms=round(1000 * pp.extra_per_micro_batch(ms, two["alone"]), 3),
         load=[round(v, 2) for v in os.getloadavg()],
         cpus=os.cpu_count(),
         config=asdict(cfg),

@@ -141,3 +141,46 @@ def held_as_predicted(
     """Did group rank `rank` hold, at its peak, as many micro-batches' activations
     as `in_flight` predicts from the schedule alone (GPipe m, 1F1B p - rank)?"""
     return meter.peak_count == schedules.in_flight(schedule)[rank]
+
+
+class StageTimer:
+    """This rank's stage on one micro-batch x: each `step()` times its forward and
+    backward (`stage_times`, once) into `times`. Run on every rank at once, in the
+    same rounds as the real steps (a benchmark's runners take turns), it gives the
+    actions of an ideal pipeline under the load the real steps met."""
+
+    def __init__(self, stage: nn.Module, x: Tensor) -> None:
+        self.stage, self.x = stage, x
+        self.times: list[tuple[float, float]] = []
+
+    def step(self, *batch: Tensor) -> None:
+        self.times.append(stage_times(self.stage, self.x, repeats=1))
+
+
+def efficiency(
+    schedule: schedules.Schedule, rounds: Sequence, steps: Sequence[float]
+) -> tuple[float, float]:
+    """(ideal seconds, efficiency) of a runner: rounds[i][rank] = (forward,
+    backward) of each rank's stage timed alone in round i (one stage per rank),
+    steps[i] the measured step of that round. Efficiency is the median over the
+    rounds of ideal_i / step_i: each round's own ratio, so load drifts cancel."""
+    ideals = [ideal_step(schedule, *zip(*ranks, strict=True)) for ranks in rounds]
+    ratios = [i / t for i, t in zip(ideals, steps, strict=True)]
+    return _median(ideals), _median(ratios)
+
+
+def extra_per_micro_batch(ms: Sequence[int], alone: Sequence) -> float:
+    """Compute seconds each extra micro-batch adds to a stage's step, the busier
+    stage's: m micro-batches of batch / m against ms[0]'s, over the range of ms;
+    alone[k][round][rank] = (forward, backward) at ms[k], medians over rounds."""
+    work = [
+        [m * _median([f + b for f, b in ranks]) for ranks in zip(*rounds, strict=True)]
+        for m, rounds in zip(ms, alone, strict=True)
+    ]
+    return max(
+        (work[-1][s] - work[0][s]) / (ms[-1] - ms[0]) for s in range(len(work[0]))
+    )
+
+
+def _median(values: Sequence[float]) -> float:
+    return sorted(values)[(len(values) - 1) // 2]
