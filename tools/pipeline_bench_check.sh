@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export DISTCOURSE_DEVICE=cpu OMP_NUM_THREADS=1
-echo "cores $(nproc); torch $("$PYTHON" -c 'import torch; print(torch.__version__)')"
+echo "cores $(nproc --all); torch $("$PYTHON" -c 'import torch; print(torch.__version__)')"
 echo "before: $(uptime)"
 "$PYTHON" -m distcourse.bench pipeline --two || exit 2
 json=$("$PYTHON" -m distcourse.bench pipeline --two --json) || exit 2

@@ -163,7 +163,9 @@ def efficiency(
     """(ideal seconds, efficiency) of a runner: rounds[i][rank] = (forward,
     backward) of each rank's stage timed alone in round i (one stage per rank),
     steps[i] the measured step of that round. Efficiency is the median over the
-    rounds of ideal_i / step_i: each round's own ratio, so load drifts cancel."""
+    rounds of ideal_i / step_i: each round's own ratio, so load drifts cancel.
+    Near 1 the runner costs nothing measurable; it can pass 1 (noise, and a real
+    pipe's fill and drain run one rank at a time, faster than both at once)."""
     ideals = [ideal_step(schedule, *zip(*ranks, strict=True)) for ranks in rounds]
     ratios = [i / t for i, t in zip(ideals, steps, strict=True)]
     return _median(ideals), _median(ratios)
