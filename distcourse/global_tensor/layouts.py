@@ -181,16 +181,24 @@ def mlp_step_bytes(
     boxed: bool = True,
     item: int = 4,
 ) -> int:
-    """Bytes one rank sends (as the Ledger counts) in a forward and backward of an
-    MLP Linear(c, hidden) -> GELU -> Linear(hidden, c) under dp_tp_plan on a
-    dp x tp placement (dp, tp >= 2), input `rows` x c under DATA, no input gradient.
+    """Wire bytes one rank sends (the book's convention, as the Ledger counts) in a
+    forward and backward of an MLP Linear(c, hidden) -> GELU -> Linear(hidden, c)
+    under dp_tp_plan on a dp x tp placement (dp, tp >= 2), input `rows` x c under
+    DATA, no input gradient. An all_reduce of T bytes over n ranks puts
+    2 (n - 1) / n x T on the wire (the ring): on 2 ranks, T itself.
 
     The row layer's output is (S(0), P): one all_reduce of this rank's rows on mesh
-    dim 1 when it is boxed to DATA (`boxed`); unboxed, the loss boxes it in forward
-    and its backward boxes the saved P output again: two. Then each parameter's
-    gradient arrives P on mesh dim 0 and is all_reduced there: proj's bias (c) and
-    weight columns (c x hidden / tp), fc's weight rows and bias (hidden / tp each).
+    dim 1 (tp ranks) when it is boxed to DATA (`boxed`); unboxed, the loss boxes it
+    in forward and its backward boxes the saved P output again: two. Then each
+    parameter's gradient arrives P on mesh dim 0 and is all_reduced there (dp
+    ranks): proj's bias (c) and weight columns (c x hidden / tp), fc's weight rows
+    and bias (hidden / tp each).
     """
-    act = rows // dp * c * item
-    grads = item * (c + 2 * c * hidden // tp + hidden // tp)
+    act = ring_all_reduce(rows // dp * c * item, tp)
+    grads = ring_all_reduce(item * (c + 2 * c * hidden // tp + hidden // tp), dp)
     return act * (1 if boxed else 2) + grads
+
+
+def ring_all_reduce(nbytes: int, n: int) -> int:
+    """Wire bytes of one rank in a ring all_reduce of `nbytes` over `n` ranks."""
+    return nbytes * 2 * (n - 1) // n

@@ -39,6 +39,7 @@ from distcourse.global_tensor.layouts import (
     cut,
     mlp_step_bytes,
     parallelize,
+    ring_all_reduce,
 )
 from distcourse.global_tensor.move import absent
 from distcourse.global_tensor.placement import Placement
@@ -178,26 +179,31 @@ def pipeline_mlp_bytes(
     micro_batches: int,
     item: int = 4,
 ) -> int:
-    """Bytes one rank of `stage` sends in a Stages.step of MLP stages (each under
-    dp_tp_plan on a dp x tp placement), as the Ledger counts them.
+    """Wire bytes one rank of `stage` sends in a Stages.step of MLP stages (each
+    under dp_tp_plan on a dp x tp placement), as the Ledger counts them (the book's
+    convention: a ring all_reduce of T bytes over n ranks 2 (n - 1) / n x T, an
+    all_gather (n - 1) x the piece a rank hands in, a send its message).
 
     Per micro-batch, with a = this rank's piece of the activation (rows / m / dp
     rows of c) and h = a p2p header or ack (80 bytes):
       every stage   mlp_step_bytes: the row layer's all_reduce, the gradients'
-      sending on    the move: all_gather on mesh dim 0 (8 + a), the send (h + a);
-                    in backward, the ack of the gradient's receive (h)
+      sending on    the move: all_gathers on mesh dim 0 of the piece sizes (8)
+                    and of the piece (a), the send (h + a); in backward, the ack
+                    of the gradient's receive (h)
       receiving     the ack of the activation's receive (h); in backward, the input
-                    gradient's P -> B (a: Megatron's f), all_gather (8 + a), send
-                    (h + a)
-      the last      the loss's all_reduce for `.item()` (item bytes)
+                    gradient's P -> B on mesh dim 1 (a: Megatron's f), the
+                    all_gathers (8 + a), the send (h + a)
+      the last      the loss's all_reduce on mesh dim 0 for `.item()` (item bytes)
+    Measured on 2 x 2 placements (tests/test_global_tensor_stages.py).
     """
     m, h = micro_batches, HEADER_LEN * 8
     a = rows // m // dp * c * item
+    gather = (dp - 1) * (8 + a)  # the sizes, then the piece, over dp ranks
     total = mlp_step_bytes(rows // m, c, hidden, dp, tp, item=item)
     if stage < stages - 1:
-        total += 8 + a + h + a + h
+        total += gather + h + a + h
     if stage > 0:
-        total += h + a + 8 + a + h + a
+        total += h + ring_all_reduce(a, tp) + gather + h + a
     if stage == stages - 1:
-        total += item
+        total += ring_all_reduce(item, dp)
     return m * total
