@@ -30,8 +30,12 @@ from distcourse.launch import spawn
 from distcourse.parallel.tensor import ParallelMLP
 
 S0, S1, B = gt.sbp.split(0), gt.sbp.split(1), gt.sbp.broadcast
-PLAN = {"fc.weight": (B, S0), "fc.bias": (B, S0), "proj.weight": (B, S1),
-        "proj.bias": (B, B)}  # fmt: skip  # table
+PLAN = {
+    "fc.weight": (B, S0),
+    "fc.bias": (B, S0),
+    "proj.weight": (B, S1),
+    "proj.bias": (B, B),
+}
 
 
 def doubled(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
