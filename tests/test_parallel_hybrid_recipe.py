@@ -24,6 +24,7 @@ def test_a_model_that_does_not_fit_takes_tp_up_to_the_node_first() -> None:
     found = recipe.rows(LARGE, BATCH, WORLD, recipe.DGX_H100)
     best = recipe.choose(found)
     assert best["layout"] == "8x1x8" and best["links"]["tp"] == "node"
+    assert recipe.summary(best).endswith("GiB per GPU; dp network, pp -, tp node")
     assert not next(r for r in found if r["layout"] == "64x1x1")["fits"]
 
 

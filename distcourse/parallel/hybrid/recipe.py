@@ -130,3 +130,11 @@ def table(found: list[dict]) -> str:
             f"{m['adamw']:>6.1f}G {str(r['fits']):>5}  {axes}"
         )
     return "\n".join(lines)
+
+
+def summary(best: dict) -> str:
+    """A chosen row in one line: its layout, state per GPU and each axis's link."""
+    where = ", ".join(f"{axis} {link}" for axis, link in best["links"].items())
+    return (
+        f"choose {best['layout']}: state {best['state_gib']:.1f} GiB per GPU; {where}"
+    )
