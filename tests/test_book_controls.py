@@ -93,7 +93,7 @@ def test_every_verdict_has_a_negative_control(path: Path) -> None:
     if missing:
         problems += [
             f"{path.name}: {len(missing)} of {len(found)} verdicts have no negative "
-            'control (a test marked pytest.mark.controls("{path.stem}", regex, '
+            f'control (a test marked pytest.mark.controls("{path.stem}", regex, '
             "fault=...) whose regex matches the line; see tests/verdict_controls.py):",
             *missing,
         ]

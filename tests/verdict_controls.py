@@ -263,7 +263,6 @@ def chapter_table(path: Path, controls: list[Control], masks: list) -> list[str]
     for v in verdicts(path):
         mine = rows.setdefault(shown(v.line, masks), [])
         mine += [c for c in controls if c.notebook == v.notebook and c.matches(v.line)]
-    rows = {text: list(dict.fromkeys(mine)) for text, mine in rows.items()}
     if not rows:
         return []
     lines = [
@@ -280,10 +279,10 @@ def chapter_table(path: Path, controls: list[Control], masks: list) -> list[str]
     ]
     for text, mine in rows.items():
         lines.append(f"* - {_code(text)}")
-        lines += _cell([c.fault for c in mine] or ["no control yet"])
-        lines += _cell(
-            [_code(c.test.removeprefix("tests/")) for c in mine] or ["\u2014"]
-        )
+        faults = dict.fromkeys(c.fault for c in mine)  # each once, in test order
+        tests = dict.fromkeys(_code(c.test.removeprefix("tests/")) for c in mine)
+        lines += _cell(list(faults) or ["no control yet"])
+        lines += _cell(list(tests) or ["\u2014"])
     return [*lines, "```", ""]
 
 
