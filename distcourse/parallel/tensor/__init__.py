@@ -9,6 +9,8 @@
   gradient_differences (against another split, e.g. torch's DTensor one);
 - `model`: parallelize_gpt / parallelize_block (a one-process model's exact twin),
   full state dicts and checkpoints that load on any number of ranks;
+- `cost`: wire bytes per sub-layer by formula (sublayer_wire_bytes) and by ledger
+  (step_ledger);
 - `memory`: a block's activation memory, measured with saved-tensor hooks
   (block_memory, saved_activation_bytes) and by formula (block_activation_bytes,
   korthikanti_bytes).
@@ -25,6 +27,7 @@ from distcourse.parallel.tensor.compare import (
     gradient_differences,
     shard_of,
 )
+from distcourse.parallel.tensor.cost import step_ledger, sublayer_wire_bytes
 from distcourse.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 from distcourse.parallel.tensor.memory import (
     block_activation_bytes,
@@ -66,5 +69,7 @@ __all__ = [
     "save_checkpoint",
     "saved_activation_bytes",
     "shard_of",
+    "step_ledger",
+    "sublayer_wire_bytes",
     "vocab_parallel_cross_entropy",
 ]
