@@ -40,8 +40,6 @@ from torch import Tensor, nn
 
 from distcourse.comm.agree import Group, members
 
-SUBLAYERS = ("ln1", "attn", "ln2", "mlp")
-
 
 def block_memory(
     block: nn.Module,
@@ -61,12 +59,13 @@ def block_memory(
     """
     tp = members(group, "block_memory") if twin is not block else None
     t, rank = (tp.size, tp.rank) if tp else (1, 0)
+    B, T, C = x.shape
+    options = dict(sequence_parallel=sequence_parallel, device_type=x.device.type)
+    # first the formula: it refuses sizes that do not split, before any collective
+    formula = block_activation_bytes(B, T, C, block.attn.n_head, t, **options)
     if sequence_parallel:
         x = x.tensor_split(t, 1)[rank].contiguous()  # (B, T / t, C): my tokens
     measured = saved_activation_bytes(twin, x.detach().requires_grad_())
-    B, T, C = (x.shape[0], x.shape[1] * (t if sequence_parallel else 1), x.shape[2])
-    options = dict(sequence_parallel=sequence_parallel, device_type=x.device.type)
-    formula = block_activation_bytes(B, T, C, block.attn.n_head, t, **options)
     return measured, formula
 
 
@@ -137,9 +136,11 @@ def block_activation_bytes(
 
     The table in this module's docstring, for a (batch, seq, width) input split `tp`
     ways (heads and width must divide by tp; with sequence_parallel, seq too).
-    On CUDA, fp32 attention runs the memory-efficient kernel, which pads the
-    log-sum-exp to a multiple of 32 tokens and saves two int64 random-number
-    offsets (torch's `meta__scaled_dot_product_efficient_attention`).
+    Measured on CPU, where the fused kernel keeps one log-sum-exp per head and
+    token. For CUDA the count follows what torch's own shape function says fp32
+    attention's memory-efficient kernel keeps (`meta__scaled_dot_product_efficient_
+    attention`: the log-sum-exp padded to a multiple of 32 tokens, two int64 random
+    offsets); no test here has measured that on a GPU.
     """
     for name, value in (("heads", heads), ("width", width)):
         if value % tp:
