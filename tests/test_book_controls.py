@@ -40,6 +40,17 @@ def test_markers_are_read_from_the_source_with_their_test() -> None:
     assert first.matches("[rank 0] TinyDDP    max |4 ranks - one process| PASS")
 
 
+def test_a_verdict_printed_only_on_some_machines_is_not_stale_where_absent() -> None:
+    source = (
+        '@pytest.mark.controls("04", "two devices", fault="f", printed_on="2 GPUs")\n'
+        '@pytest.mark.controls("04", "one device", fault="f")\n'
+        "def test_a(): ..."
+    )
+    gpu_only, everywhere = vc.controls_in(source, "test_z.py")
+    assert gpu_only.printed_on == "2 GPUs" and everywhere.printed_on == ""
+    assert vc.stale([gpu_only, everywhere], []) == [everywhere]
+
+
 # a marker the AST walk cannot read, and the words its error must say
 UNREADABLE = [
     ('STEM = "01"\n@pytest.mark.controls(STEM, "x", fault="f")\ndef test_a(): ...',

@@ -54,6 +54,7 @@ class Control:
     fault: str  # what the test plants
     test: str  # tests/...py::test_name
     where: str  # tests/...py:line, for error messages
+    printed_on: str = ""  # where the verdict prints only on some machines: "2 GPUs"
 
     def matches(self, line: str) -> bool:
         return re.search(self.pattern, line) is not None
@@ -91,9 +92,10 @@ def _literal(node: ast.expr, what: str, where: str) -> str:
 def _control(call: ast.Call, test: str, where: str) -> Control:
     """The Control one marker call describes; MarkerError if it is malformed."""
     keywords = {k.arg: k.value for k in call.keywords}
-    if len(call.args) != 2 or set(keywords) != {"fault"}:
+    if len(call.args) != 2 or set(keywords) - {"printed_on"} != {"fault"}:
         raise MarkerError(
             f"{where}: write pytest.mark.controls(notebook_stem, regex, fault=...), "
+            f"(optionally printed_on=..., for a verdict only some machines print), "
             f"got `{ast.unparse(call)}`"
         )
     notebook = _literal(call.args[0], "notebook", where)
@@ -107,7 +109,10 @@ def _control(call: ast.Call, test: str, where: str) -> Control:
         ) from None
     if not fault.strip():
         raise MarkerError(f"{where}: fault= must say what the test plants")
-    return Control(notebook, pattern, fault.strip(), test, where)
+    printed_on = ""
+    if "printed_on" in keywords:
+        printed_on = _literal(keywords["printed_on"], "printed_on", where)
+    return Control(notebook, pattern, fault.strip(), test, where, printed_on)
 
 
 def controls_in(source: str, path: str) -> list[Control]:
@@ -185,11 +190,14 @@ def uncovered(found: list[Verdict], controls: list[Control]) -> list[Verdict]:
 
 
 def stale(controls: list[Control], found: list[Verdict]) -> list[Control]:
-    """The controls that match no verdict line of their notebook."""
+    """The controls that match no verdict line of their notebook. A control of a
+    verdict printed only on some machines (`printed_on`, e.g. "2 GPUs") is not
+    stale where the stored notebook, made on a CPU machine, lacks its line."""
     return [
         c
         for c in controls
-        if not any(v.notebook == c.notebook and c.matches(v.line) for v in found)
+        if not c.printed_on
+        and not any(v.notebook == c.notebook and c.matches(v.line) for v in found)
     ]
 
 

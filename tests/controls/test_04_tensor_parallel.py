@@ -335,6 +335,7 @@ def _fails(line: str) -> bool:
     "04_tensor_parallel",
     r"max \|two devices - one device\|",
     fault="net2 of the two-device model (one value) nudged by 1e-3",
+    printed_on="2 GPUs",
 )
 def test_two_devices_with_a_nudged_layer_fail() -> None:
     torch.manual_seed(0)
