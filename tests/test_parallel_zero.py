@@ -1,0 +1,264 @@
+"""ZeRO stages 1 and 2 on real gloo ranks: equal to one process (SGD, which sees a
+wrongly scaled gradient, and AdamW), beside torch's ZeroRedundancyOptimizer on the
+same parameters, each rank holding its share of the state, every byte by formula.
+
+The model has uneven shapes (171 elements in 6 tensors), so no shard is 1/N exactly.
+One spawn per world size runs every check and returns numbers the tests assert on.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
+from torch.nn.parallel import DistributedDataParallel
+
+from distcourse import runtime
+from distcourse.comm.ledger import Ledger
+from distcourse.launch import spawn
+from distcourse.parallel.ddp import DDP
+from distcourse.parallel.zero import (
+    ShardedDDP,
+    ZeroRedundancyOptimizer,
+    formula,
+    greedy,
+    held,
+    step_bytes,
+)
+
+ATOL = 1e-5
+ROWS, STEPS = 4, 3  # rows per rank per step; optimizer steps
+OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict]] = {
+    "sgd": (torch.optim.SGD, dict(lr=0.1)),
+    "adamw": (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1)),
+}
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 7), nn.Tanh(), nn.Linear(7, 3)
+    )
+
+
+def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(ROWS, 6, generator=gen), torch.randn(ROWS, 3, generator=gen)
+
+
+def _one_process(world: int, kind: str, scale: float = 1.0) -> list[torch.Tensor]:
+    """Plain training on every rank's rows at once; `scale` plants a fault."""
+    model = _model()
+    cls, options = OPTIMIZERS[kind]
+    opt = cls(model.parameters(), **options)
+    for step in range(STEPS):
+        rows = [_batch(step, r) for r in range(world)]
+        x, y = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        for p in model.parameters():
+            p.grad *= scale
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _train(net: nn.Module, opt: torch.optim.Optimizer, rank: int) -> None:
+    for step in range(STEPS):
+        x, y = _batch(step, rank)
+        opt.zero_grad()
+        F.mse_loss(net(x), y).backward()
+        opt.step()
+
+
+def _difference(model: nn.Module, reference: list[torch.Tensor]) -> float:
+    return max(
+        (p - r).abs().max().item()
+        for p, r in zip(model.parameters(), reference, strict=True)
+    )
+
+
+def _run(kind: str, stage: int, rank: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Train a fresh model under our ZeRO `stage` (1: with DDP; 2: ShardedDDP)."""
+    model = _model()
+    cls, options = OPTIMIZERS[kind]
+    opt = ZeroRedundancyOptimizer(model.parameters(), cls, **options)
+    net = DDP(model) if stage == 1 else ShardedDDP(model, opt)
+    _train(net, opt, rank)
+    return model, opt
+
+
+def _on_ranks() -> dict:
+    """Every check on this rank; numbers for the tests to assert on."""
+    info = runtime.require_initialized()
+    rank, world = info.rank, info.world_size
+    out: dict = {"rank": rank, "world": world}
+    for kind in OPTIMIZERS:
+        reference = _one_process(world, kind)
+        for stage in (1, 2):
+            model, opt = _run(kind, stage, rank)
+            out[f"{kind} stage {stage}"] = _difference(model, reference)
+            total = sum(p.numel() for p in model.parameters())
+            part = opt.partition
+            want = formula(stage, total, part.numel[rank], len(part.flat[rank]))
+            out[f"{kind} stage {stage} held"] = (held(model.parameters(), opt), want)
+        torch_model = _model()
+        cls, options = OPTIMIZERS[kind]
+        theirs = TorchZero(torch_model.parameters(), cls, **options)
+        _train(DistributedDataParallel(torch_model), theirs, rank)
+        out[f"{kind} torch"] = _difference(torch_model, reference)
+        out[f"{kind} ours vs torch"] = _difference(model, [*torch_model.parameters()])
+        out[f"{kind} state"] = _state_dicts(kind, opt, theirs, model, rank)
+    # planted fault: every gradient N times too large (summed, not averaged)
+    model_sgd = _run("sgd", 2, rank)[0]
+    scaled = _one_process(world, "sgd", scale=world)
+    out["sgd scaled"] = _difference(model_sgd, scaled)
+    out["shapes"] = [tuple(p.shape) for p in model_sgd.parameters()]
+    out["bytes"] = _ledger_bytes(rank)
+    return out
+
+
+def _state_dicts(
+    kind: str,
+    ours: ZeroRedundancyOptimizer,
+    theirs: TorchZero,
+    model: nn.Module,
+    rank: int,
+) -> tuple[bool | None, float]:
+    """Consolidated on rank 0, ours equals torch's; loaded back, it trains on alike."""
+    ours.consolidate_state_dict(to=0)
+    theirs.consolidate_state_dict(to=0)
+    same = None
+    if rank == 0:
+        a, b = ours.state_dict(), theirs.state_dict()
+        same = (
+            a["param_groups"] == b["param_groups"]
+            and a["state"].keys() == b["state"].keys()
+        )
+        for k in a["state"]:
+            for name, value in a["state"][k].items():
+                same = same and torch.allclose(value, b["state"][k][name], atol=ATOL)
+        shipped = [a]
+    else:
+        shipped = [None]
+    dist.broadcast_object_list(shipped, src=0)
+    twin = copy.deepcopy(model)
+    cls, options = OPTIMIZERS[kind]
+    fresh = ZeroRedundancyOptimizer(twin.parameters(), cls, **options)
+    fresh.load_state_dict(shipped[0])
+    for net, opt in ((DDP(model), ours), (DDP(twin), fresh)):
+        x, y = _batch(STEPS, rank)
+        opt.zero_grad()
+        F.mse_loss(net(x), y).backward()
+        opt.step()
+    return same, _difference(twin, [*model.parameters()])
+
+
+def _ledger_bytes(rank: int) -> dict:
+    """Records of one stage-2 step and of one stage-1 optimizer step."""
+    model = _model()
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
+    net = ShardedDDP(model, opt)
+    x, y = _batch(0, rank)
+    with Ledger() as ledger:
+        F.mse_loss(net(x), y).backward()
+        opt.step()
+    records = [(r.op, r.bytes, r.group_size) for r in ledger.records]
+    return dict(records=records, width=opt.partition.width)
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def results(request: pytest.FixtureRequest) -> list[dict]:
+    return spawn(_on_ranks, request.param, timeout=30)
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("stage", [1, 2])
+def test_equal_to_one_process(results: list[dict], kind: str, stage: int) -> None:
+    assert all(r[f"{kind} stage {stage}"] <= ATOL for r in results)
+
+
+def test_a_gradient_scaled_by_the_world_size_fails(results: list[dict]) -> None:
+    assert all(r["sgd scaled"] > 100 * ATOL for r in results)
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_beside_torchs_zero(results: list[dict], kind: str) -> None:
+    assert all(r[f"{kind} torch"] <= ATOL for r in results)
+    assert all(r[f"{kind} ours vs torch"] <= ATOL for r in results)
+    same, resumed = results[0][f"{kind} state"]
+    assert same  # consolidated state dicts equal torch's, key for key
+    assert all(r[f"{kind} state"][1] <= ATOL for r in results)  # loaded, trains alike
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("stage", [1, 2])
+def test_bytes_held_are_the_formula(results: list[dict], kind: str, stage: int) -> None:
+    world = results[0]["world"]
+    total = sum(torch.Size(s).numel() for s in results[0]["shapes"])
+    for r in results:
+        got, want = r[f"{kind} stage {stage} held"]
+        if kind == "sgd":  # plain SGD keeps no state
+            want = {**want, "optimizer": 0}
+        assert got == want
+    shares = [r[f"{kind} stage {stage} held"][1]["gradients"] for r in results]
+    if stage == 2:
+        assert sum(shares) == 4 * total  # the shares cover the model once
+        assert max(shares) <= 4 * (total // world + 70)  # 70: the largest tensor
+
+
+def test_ledger_bytes_are_the_formula(results: list[dict]) -> None:
+    world = results[0]["world"]
+    for r in results:
+        width = r["bytes"]["width"]
+        assert r["bytes"]["records"] == [
+            ("reduce_scatter_tensor", 4 * world * width, world),
+            ("all_gather_into_tensor", 4 * width, world),
+        ]
+        wire = step_bytes(2, world, width, total=0, element_size=4)
+        assert wire == 2 * (world - 1) * 4 * width
+
+
+def test_partition_is_torchs_sorted_greedy() -> None:
+    params = [torch.zeros(n) for n in (5, 9, 1, 9, 3)]
+    owned = greedy([params[:3], params[3:]], world=2)
+    sizes = [[[t.numel() for t in g] for g in rank] for rank in owned]
+    assert sizes == [[[9], [3]], [[5, 1], [9]]]
+
+
+def test_signature_is_torchs() -> None:
+    ours = inspect.signature(ZeroRedundancyOptimizer.__init__).parameters
+    theirs = inspect.signature(TorchZero.__init__).parameters
+    assert [(p.name, p.default) for p in ours.values()] == [
+        (p.name, p.default) for p in theirs.values()
+    ]
+
+
+def test_refused_before_any_collective() -> None:
+    model = _model()
+    with pytest.raises(NotImplementedError, match="overlap_with_ddp is not supported"):
+        ZeroRedundancyOptimizer(
+            model.parameters(), torch.optim.SGD, overlap_with_ddp=True, lr=0.1
+        )
+    mixed = [nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(2).double())]
+    with pytest.raises(ValueError, match="one dtype and device"):
+        ZeroRedundancyOptimizer(mixed, torch.optim.SGD, lr=0.1)
+
+
+def _late_group() -> str:
+    opt = ZeroRedundancyOptimizer(_model().parameters(), torch.optim.SGD, lr=0.1)
+    try:
+        opt.add_param_group({"params": [nn.Parameter(torch.zeros(1))]})
+    except NotImplementedError as err:
+        return str(err)
+    return "no error"
+
+
+def test_a_group_added_later_is_refused() -> None:
+    errors = spawn(_late_group, 2, timeout=10)
+    assert all("add_param_group after construction" in e for e in errors)
