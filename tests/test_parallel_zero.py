@@ -169,7 +169,8 @@ def _ledger_bytes(rank: int) -> dict:
         F.mse_loss(net(x), y).backward()
         opt.step()
     records = [(r.op, r.bytes, r.group_size) for r in ledger.records]
-    return dict(records=records, width=opt.partition.width)
+    part = opt.partition
+    return dict(records=records, width=part.width, numel=part.numel[rank])
 
 
 @pytest.fixture(scope="module", params=[2, 4])
@@ -214,14 +215,22 @@ def test_bytes_held_are_the_formula(results: list[dict], kind: str, stage: int) 
 
 def test_ledger_bytes_are_the_formula(results: list[dict]) -> None:
     world = results[0]["world"]
+    total = sum(torch.Size(s).numel() for s in results[0]["shapes"])
+    roots = []
     for r in results:
-        width = r["bytes"]["width"]
+        width, numel = r["bytes"]["width"], r["bytes"]["numel"]
         assert r["bytes"]["records"] == [
-            ("reduce_scatter_tensor", 4 * world * width, world),
-            ("all_gather_into_tensor", 4 * width, world),
+            ("reduce_scatter_tensor", 4 * world * width, world),  # padded shares
+            *[
+                ("broadcast", 4 * numel if k == r["rank"] else 0, world)
+                for k in range(world)
+            ],
         ]
-        wire = step_bytes(2, world, width, total=0, element_size=4)
-        assert wire == 2 * (world - 1) * 4 * width
+        roots.append(4 * numel)
+    assert sum(roots) == 4 * total  # the broadcasts carry the model once
+    width = results[0]["bytes"]["width"]
+    wire = step_bytes(2, world, width, total, element_size=4)
+    assert wire == (world - 1) * 4 * width + (world - 1) * 4 * total // world
 
 
 def test_partition_is_torchs_sorted_greedy() -> None:

@@ -57,11 +57,13 @@ def step_bytes(
 ) -> int:
     """Wire bytes per rank of one step (ring convention), gradients included.
 
-    DP all-reduces `total` elements: 2(N-1)/N of them. ZeRO-1 adds the all-gather of
-    the updated shards, each padded to `width` elements: (N-1) x width. ZeRO-2
-    reduce-scatters the gradients instead of all-reducing them: 2(N-1) x width, the
-    all-reduce's volume but for the padding.
+    DP all-reduces `total` elements: 2(N-1)/N of them. ZeRO-1 adds the shards'
+    broadcasts, each rank the root of its own: together what a ring all-gather of
+    the shards moves, (N-1)/N of `total` per rank on average. ZeRO-2 reduce-scatters
+    the gradients instead of all-reducing them, each rank's share padded to `width`
+    elements: (N-1) x width, so a step moves about what DP's all-reduce does.
     """
     all_reduce = 2 * (world - 1) * total * element_size // world
-    all_gather = (world - 1) * width * element_size
-    return {0: all_reduce, 1: all_reduce + all_gather, 2: 2 * all_gather}[stage]
+    shards = (world - 1) * total * element_size // world
+    reduce_scatter = (world - 1) * width * element_size
+    return {0: all_reduce, 1: all_reduce + shards, 2: reduce_scatter + shards}[stage]
