@@ -219,8 +219,10 @@ def _ledger_counts() -> list[tuple[Counter, Counter]]:
             out = op()
         with Ledger() as backward:
             out.sum().backward()
-        if op is ops[0]:  # copy's backward all-reduces the whole gradient
-            assert backward.bytes_sent("all_reduce") == 4 * 3 * 8
+        if op is ops[0]:  # copy's backward all-reduces the whole gradient:
+            t = 4 * 3 * 8  # T bytes handed in, 2(n-1)/n x T on the wire on 4 ranks
+            assert backward.handed_in("all_reduce") == t
+            assert backward.bytes_sent("all_reduce") == 2 * 3 * t // 4
         counts.append(
             tuple(Counter(r.op for r in led.records) for led in (forward, backward))
         )

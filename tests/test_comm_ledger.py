@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from distcourse import comm
 from distcourse.comm import costmodel, ring
-from distcourse.comm.ledger import Ledger, Record
+from distcourse.comm.ledger import Ledger, Record, ring_wire_bytes
 from distcourse.launch import spawn
 
 
@@ -115,11 +115,13 @@ def _torch_calls() -> tuple[list[Record], str, list[int]]:
 def test_ledger_records_torch_calls_and_the_check() -> None:
     for rank, (records, summary, sent) in enumerate(spawn(_torch_calls, 2)):
         peer = 1 - rank
-        assert records[0] == Record("all_reduce", "collective", 16, None, 2, (0, 1))
+        # a ring all_reduce of 16 bytes on 2 ranks: 2(n-1)/n x 16 on the wire
+        assert records[0] == Record("all_reduce", "collective", 16, None, 2, (0, 1), 16)
         assert records[1].op == "broadcast" and records[1].bytes == 16 * rank
+        assert records[1].wire == 16 * rank  # the root (rank 1) sends, the last not
         assert records[2:4] == [
-            Record("batch_isend_irecv", "send", 12, peer, 2, (0, 1)),
-            Record("batch_isend_irecv", "recv", 12, peer, 2, (0, 1)),
+            Record("batch_isend_irecv", "send", 12, peer, 2, (0, 1), 12),
+            Record("batch_isend_irecv", "recv", 12, peer, 2, (0, 1), 0),
         ]
         assert records[4].op == "all_gather" and sent[2] == records[4].bytes > 0
         assert records[-1].ranks == (rank,) and records[-1].group_size == 1
@@ -127,7 +129,7 @@ def test_ledger_records_torch_calls_and_the_check() -> None:
         assert (
             ring == [("batch_isend_irecv", "send"), ("batch_isend_irecv", "recv")] * 2
         )
-        assert sent[:2] == [16 + 4, 16 * rank]  # 4: the group of one
+        assert sent[:2] == [16, 16 * rank]  # a group of one sends nothing
         lines = [line.split() for line in summary.splitlines()]
         assert ["batch_isend_irecv", "send", "3", "36"] in lines  # 1 by hand, 2 ring
         assert lines[-2][:2] == ["total", "sent"]
@@ -165,5 +167,36 @@ def test_the_ledger_sees_dtensor_collectives_as_comm_debug_mode_does() -> None:
         assert {r.op for r in functional} == {"functional.all_gather_into_tensor"}
         # each rank contributes its shard: 3 x 4 float32
         assert [r.bytes for r in functional] == [48, 48]
+        assert [r.wire for r in functional] == [48, 48]  # (n - 1) x 48 on 2 ranks
         assert {r.group_size for r in functional} == {2}
         assert {r.ranks for r in functional} == {(0, 1)}  # the mesh's group
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_ring_wire_bytes_are_the_ring_formulas(n: int) -> None:
+    t = 4 * 840  # divisible by 2, 3, 4 and 8
+    assert ring_wire_bytes("all_reduce", t, n) == 2 * (n - 1) * t // n
+    assert ring_wire_bytes("functional.all_reduce_coalesced", t, n) == (
+        2 * (n - 1) * t // n
+    )
+    # an all_gather's rank hands in its piece T/n and sends n-1 pieces
+    assert ring_wire_bytes("all_gather_into_tensor", t // n, n) == (n - 1) * t // n
+    assert ring_wire_bytes("reduce_scatter_tensor", t, n) == (n - 1) * t // n
+    assert ring_wire_bytes("all_to_all_single", t, n) == (n - 1) * t // n
+    # a chain broadcast from the root: every rank but the last forwards T
+    chain = [ring_wire_bytes("broadcast", t, n, at) for at in range(n)]
+    assert chain == [t] * (n - 1) + [0]
+    assert [ring_wire_bytes("reduce", t, n, at) for at in range(n)] == [0] + [t] * (
+        n - 1
+    )
+    assert ring_wire_bytes("barrier", 0, n) == 0
+    assert ring_wire_bytes("all_reduce", t, 1) == 0  # a group of one sends nothing
+
+
+def test_reduce_scatter_and_all_gather_cost_the_same_and_all_reduce_both() -> None:
+    """The book's convention in one line: never 3x between the two halves."""
+    t, n = 4096, 4
+    scatter = ring_wire_bytes("reduce_scatter", t, n)
+    gather = ring_wire_bytes("all_gather", t // n, n)
+    assert scatter == gather == 3 * t // 4
+    assert ring_wire_bytes("all_reduce", t, n) == scatter + gather

@@ -7,6 +7,10 @@ functional collectives (`torch.ops._c10d_functional.*`) bypass those names; once
 their module is imported (DTensor does it), a dispatch mode active in the same block
 records them too, as `functional.<name>`.
 Calls made from C++ (torch DDP's bucket all-reduces) reach neither and stay unseen.
+
+Bytes follow the book's one convention: what crosses the wire per rank for the
+algorithm that runs. Sends are counted as they are; a library collective, whose
+algorithm the ledger cannot see, as the ring runs it (`ring_wire_bytes`).
 """
 
 from __future__ import annotations
@@ -65,7 +69,13 @@ _FUNCTIONAL: dict[str, int | None] = {
 
 @dataclass(frozen=True)
 class Record:
-    """One call: its name, direction, payload in bytes, and who was at the other end."""
+    """One call: its name, direction, payload, wire bytes, and who was at the other end.
+
+    `bytes` is what the call names: a point-to-point message, or what this rank hands
+    to a collective. `wire` is what this rank puts on the wire for it: the message
+    itself for a send, none for a receive, and for a collective the share of this
+    rank under the ring algorithm (`ring_wire_bytes`).
+    """
 
     op: str  # the torch.distributed function, e.g. "isend" or "all_reduce"
     kind: str  # "send" or "recv" (point-to-point), or "collective"
@@ -73,6 +83,53 @@ class Record:
     peer: int | None  # global rank of the other side (point-to-point only)
     group_size: int
     ranks: tuple[int, ...] = ()  # the group's global ranks (empty where unknown)
+    wire: int = 0  # bytes this rank put on the wire for this call
+
+
+# How many of its `bytes` (what a rank hands in) a rank puts on the wire, in units of
+# bytes / n, under the ring algorithm: all_reduce = reduce_scatter + all_gather.
+_RING_SHARE: dict[str, Callable[[int], int]] = {
+    "all_reduce": lambda n: 2 * (n - 1),  # 2(n-1)T/n
+    "all_gather": lambda n: (n - 1) * n,  # hands in T/n, forwards n-1 pieces
+    "reduce_scatter": lambda n: n - 1,  # hands in T, sends n-1 pieces of T/n
+    "all_to_all": lambda n: n - 1,  # keeps its own piece
+    "scatter": lambda n: n - 1,  # the root keeps its own piece
+}
+
+
+def _ring_family(op: str) -> str:
+    """The collective an op is a form of: 'functional.all_gather_into_tensor' and
+    'all_gather_single' are all_gathers."""
+    name = op.removeprefix("functional.").removesuffix("_coalesced")
+    for family in _RING_SHARE:
+        if name.startswith(family):
+            return family
+    return name
+
+
+def ring_wire_bytes(op: str, handed_in: int, group_size: int, position: int = 0) -> int:
+    """Bytes one rank puts on the wire for collective `op` under the ring algorithm.
+
+    The book's one convention (chapter 2): what crosses the wire per rank for the
+    algorithm that runs. The ledger cannot see inside gloo or NCCL, so it counts
+    their collectives as the bandwidth-optimal ring runs them, for a tensor of T
+    bytes on n ranks: all_reduce 2(n-1)T/n; all_gather, reduce_scatter and
+    all_to_all (n-1)T/n each (an all_gather's rank hands in T/n). Broadcast and
+    reduce run as a chain from (to) the root, `position` steps along it: every
+    rank but the last (the root) sends T once. Gather sends a rank's piece to the
+    root. A share that is not a whole number of bytes is rounded down.
+    """
+    n = group_size
+    if n <= 1:
+        return 0
+    family = _ring_family(op)
+    if family in _RING_SHARE:
+        return handed_in * _RING_SHARE[family](n) // n
+    if family == "broadcast":
+        return handed_in if position < n - 1 else 0
+    if family in ("reduce", "gather"):
+        return handed_in if position != 0 else 0
+    return 0  # barrier, and anything unknown: no payload
 
 
 def _nbytes(data: Any) -> int:
@@ -128,6 +185,13 @@ def _ranks(group: Any) -> tuple[int, ...]:
     return tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
 
 
+def _position(ranks: tuple[int, ...], args: tuple, name: str) -> int:
+    """How many steps along a functional broadcast's chain this rank is (0: root)."""
+    if name != "broadcast" or dist.get_rank() not in ranks:
+        return 0
+    return (ranks.index(dist.get_rank()) - int(args[1])) % len(ranks)
+
+
 class _FunctionalSpy(TorchDispatchMode):
     """Sees every functional collective (DTensor's redistribute, for one)."""
 
@@ -141,9 +205,9 @@ class _FunctionalSpy(TorchDispatchMode):
             group = _functional_group(args)
             size = _group_size(args, _FUNCTIONAL[name], group)
             ranks = () if group is None else _ranks(group)
-            record = Record(
-                f"functional.{name}", "collective", _nbytes(args[0]), None, size, ranks
-            )
+            op, handed = f"functional.{name}", _nbytes(args[0])
+            wire = ring_wire_bytes(op, handed, size, _position(ranks, args, name))
+            record = Record(op, "collective", handed, None, size, ranks, wire)
             self.records.append(record)
         return func(*args, **(kwargs or {}))
 
@@ -208,13 +272,10 @@ class Ledger:
             for p in p2p_op_list:
                 kind = "send" if _unwrap(p.op) is c10d.isend else "recv"
                 ranks = _ranks(p.group)
+                size = _nbytes(p.tensor)
+                wire = size if kind == "send" else 0
                 record = Record(
-                    "batch_isend_irecv",
-                    kind,
-                    _nbytes(p.tensor),
-                    p.peer,
-                    len(ranks),
-                    ranks,
+                    "batch_isend_irecv", kind, size, p.peer, len(ranks), ranks, wire
                 )
                 self.records.append(record)
             return fn(p2p_op_list, *args, **kwargs)
@@ -228,24 +289,51 @@ class Ledger:
         if op in _P2P:
             kind, peer = _P2P[op]
             payload = _nbytes(args.get("tensor"))
-            record = Record(op, kind, payload, _global_rank(args, peer), size, ranks)
+            wire = payload if kind == "send" else 0
+            peer_rank = _global_rank(args, peer)
+            record = Record(op, kind, payload, peer_rank, size, ranks, wire)
         else:
             data, root = _COLLECTIVES[op]
-            sent = _nbytes(args.get(data)) if data else 0
-            if root and _global_rank(args, root) != dist.get_rank():
-                sent = 0  # a non-root rank contributes nothing to a broadcast/scatter
-            record = Record(op, "collective", sent, None, size, ranks)
+            handed = _nbytes(args.get(data)) if data else 0
+            where = self._steps_from_root(args, ranks, op)
+            if root and where != 0:
+                # a non-root rank hands nothing to a broadcast / scatter, but
+                # forwards the root's tensor along a broadcast's chain
+                wire = _nbytes(args.get(data)) if op == "broadcast" else 0
+                wire = wire if where < size - 1 else 0
+                handed = 0
+            else:
+                wire = ring_wire_bytes(op, handed, size, where)
+            record = Record(op, "collective", handed, None, size, ranks, wire)
         self.records.append(record)
 
-    def bytes_sent(self, op: str | None = None) -> int:
-        """Bytes this rank sent, in calls to `op` (all calls if None).
+    @staticmethod
+    def _steps_from_root(args: dict, ranks: tuple[int, ...], op: str) -> int:
+        """How far along the chain from the root (`src` / `dst`) this rank is."""
+        root = _global_rank(args, "src" if op in ("broadcast", "scatter") else "dst")
+        me = dist.get_rank()
+        if root is None or root not in ranks or me not in ranks:
+            return 0
+        return (ranks.index(me) - ranks.index(root)) % len(ranks)
 
-        Point-to-point sends count their tensor. A collective counts what this rank
-        contributes (all_reduce: its tensor; all_gather: its input), not what the
-        library's algorithm puts on the wire, which the ledger cannot see.
+    def bytes_sent(self, op: str | None = None) -> int:
+        """Bytes this rank put on the wire, in calls to `op` (all calls if None).
+
+        The book's one convention: a point-to-point send counts its tensor; a
+        collective counts this rank's share under the ring algorithm
+        (`ring_wire_bytes`: an all_reduce of T bytes on n ranks, 2(n-1)T/n).
+        Collectives built here from sends (chapter 2's ring) are counted exactly,
+        send by send. `handed_in` gives what the calls were handed instead.
         """
+        return sum(r.wire for r in self.records if op in (None, r.op))
+
+    def handed_in(self, op: str | None = None) -> int:
+        """Bytes this rank handed to collectives `op` (all if None): all_reduce its
+        tensor, all_gather its input, a broadcast's root its tensor."""
         return sum(
-            r.bytes for r in self.records if r.kind != "recv" and op in (None, r.op)
+            r.bytes
+            for r in self.records
+            if r.kind == "collective" and op in (None, r.op)
         )
 
     def bytes_received(self, op: str | None = None) -> int:
@@ -255,11 +343,11 @@ class Ledger:
         )
 
     def summary(self) -> str:
-        """A table, one line per (function, kind): number of records and bytes."""
-        rows = [("op", "kind", "count", "bytes")]
+        """A table, one line per (function, kind): number of records and wire bytes."""
+        rows = [("op", "kind", "count", "wire bytes")]
         for op, kind in dict.fromkeys((r.op, r.kind) for r in self.records):
             mine = [r for r in self.records if (r.op, r.kind) == (op, kind)]
-            rows.append((op, kind, len(mine), f"{sum(r.bytes for r in mine):,}"))
+            rows.append((op, kind, len(mine), f"{sum(r.wire for r in mine):,}"))
         rows.append(("total sent", "", "", f"{self.bytes_sent():,}"))
         rows.append(("total received", "", "", f"{self.bytes_received():,}"))
         return tables.aligned(rows, widths=(24, 12, 7, 14), align="<<>>", gaps=0)
