@@ -147,6 +147,7 @@ def _ledger(rank: int) -> dict:
         records=[(r.op, r.bytes, r.group_size) for r in ledger.records],
         widths=widths,
         wire=step_bytes(units(model), dist.get_world_size()),
+        sent=ledger.bytes_sent(),
     )
 
 
@@ -197,6 +198,7 @@ def test_ledger_bytes_are_the_formula(results: list[dict]) -> None:
         assert sorted(g[1] for g in gathers) == sorted(4 * w for w in 2 * widths)
         assert sorted(s[1] for s in scatters) == sorted(4 * world * w for w in widths)
         assert r["bytes"]["wire"] == 3 * (world - 1) * 4 * sum(widths)
+        assert r["bytes"]["sent"] == r["bytes"]["wire"]  # the ledger's wire bytes
 
 
 def _bad_calls() -> dict:

@@ -170,7 +170,14 @@ def _ledger_bytes(rank: int) -> dict:
         opt.step()
     records = [(r.op, r.bytes, r.group_size) for r in ledger.records]
     part = opt.partition
-    return dict(records=records, width=part.width, numel=part.numel[rank])
+    wire = step_bytes(2, part.numel, part.width, rank)
+    return dict(
+        records=records,
+        width=part.width,
+        numel=part.numel[rank],
+        sent=ledger.bytes_sent(),
+        formula=wire,
+    )
 
 
 @pytest.fixture(scope="module", params=[2, 4])
@@ -228,9 +235,10 @@ def test_ledger_bytes_are_the_formula(results: list[dict]) -> None:
         ]
         roots.append(4 * numel)
     assert sum(roots) == 4 * total  # the broadcasts carry the model once
+    assert all(r["bytes"]["sent"] == r["bytes"]["formula"] for r in results)
     width = results[0]["bytes"]["width"]
-    wire = step_bytes(2, world, width, total, element_size=4)
-    assert wire == (world - 1) * 4 * width + (world - 1) * 4 * total // world
+    dp = step_bytes(0, [total // world] * world, width, 0)  # an all-reduce of Ψ
+    assert results[0]["bytes"]["formula"] < 1.5 * dp  # ZeRO-2 moves about DP's bytes
 
 
 def test_partition_is_torchs_sorted_greedy() -> None:

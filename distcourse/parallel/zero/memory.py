@@ -53,17 +53,20 @@ def _bytes(tensor: torch.Tensor) -> int:
 
 
 def step_bytes(
-    stage: int, world: int, width: int, total: int, element_size: int = FP32
+    stage: int, numel: list[int], width: int, rank: int, element_size: int = FP32
 ) -> int:
-    """Wire bytes per rank of one step (ring convention), gradients included.
+    """Wire bytes rank `rank` sends in one step (the book's ring convention).
 
-    DP all-reduces `total` elements: 2(N-1)/N of them. ZeRO-1 adds the shards'
-    broadcasts, each rank the root of its own: together what a ring all-gather of
-    the shards moves, (N-1)/N of `total` per rank on average. ZeRO-2 reduce-scatters
-    the gradients instead of all-reducing them, each rank's share padded to `width`
-    elements: (N-1) x width, so a step moves about what DP's all-reduce does.
+    `numel[r]`: elements rank r owns; `width`: the longest share (reduce-scatter
+    pads every share to it). DP all-reduces all Ψ elements: 2(N-1)/N x Ψ. ZeRO-1
+    adds the shards' broadcasts, each rank the root of its own, run as a chain from
+    the root: every rank forwards every shard but the one whose chain ends at it
+    (the next rank's), Ψ - numel[rank + 1]; (N-1)/N x Ψ on average. ZeRO-2
+    reduce-scatters the gradients instead of all-reducing them, (N-1) x width, so
+    a step moves about what DP's all-reduce does, the padding aside.
     """
+    world, total = len(numel), sum(numel)
     all_reduce = 2 * (world - 1) * total * element_size // world
-    shards = (world - 1) * total * element_size // world
+    shards = (total - numel[(rank + 1) % world]) * element_size if world > 1 else 0
     reduce_scatter = (world - 1) * width * element_size
     return {0: all_reduce, 1: all_reduce + shards, 2: reduce_scatter + shards}[stage]
