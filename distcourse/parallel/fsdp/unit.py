@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.autograd.graph import register_multi_grad_hook
 
+from distcourse import torchcompat
 from distcourse.parallel.fsdp.layout import Piece, pieces
 
 
@@ -112,7 +113,7 @@ class Unit:
             )
             out = torch.empty(self.world * self.width, dtype=self.dtype)
             out = out.to(self.device)
-            dist.all_gather_into_tensor(out, mine, group=self.group)
+            torchcompat.all_gather_tensor(out, mine, self.group)
         return out.view(self.world, self.width)
 
     def free(self) -> None:
@@ -164,7 +165,7 @@ class Unit:
                     at = slice(piece.offset, piece.offset + piece.padded)
                     row[:, at] = piece.full_padded(leaf.grad)
             out = torch.empty(self.width, dtype=self.dtype, device=self.device)
-            dist.reduce_scatter_tensor(out, row.view(-1), group=self.group)
+            torchcompat.reduce_scatter_tensor(out, row.view(-1), self.group)
             out /= self.world
         for piece, leaf, shard in zip(
             self.pieces, self.full, self.sharded, strict=True

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
+from distcourse import torchcompat
 from distcourse.parallel.zero.partition import Partition
 
 REFUSED = {
@@ -132,7 +133,7 @@ class ZeroRedundancyOptimizer(Optimizer):
             grads = [[_grad(p) for p in mine] for mine in part.flat]
             row = part.row(grads, like)
             out = torch.empty(part.width, dtype=like.dtype, device=like.device)
-            dist.reduce_scatter_tensor(out, row.view(-1), group=self.process_group)
+            torchcompat.reduce_scatter_tensor(out, row.view(-1), self.process_group)
             out /= self.world_size
             owned = part.unpack(out, self.rank)
         for r, mine in enumerate(part.flat):
