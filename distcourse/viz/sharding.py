@@ -26,7 +26,7 @@ _WIDTH = (1.0, 1.0, 2.0)  # fp32 AdamW: 4, 4 and 8 bytes per parameter
 def who_holds(world: int) -> Figure:
     """A panel per stage; a row per rank; each kind a bar as long as its bytes, drawn
     whole where every rank holds all of it, as the rank's 1/N slice where sharded."""
-    fig, axes = plt.subplots(1, len(STAGES), figsize=(3.2 * len(STAGES), 2.4))
+    fig, axes = plt.subplots(1, len(STAGES), figsize=(3.2 * len(STAGES), 2.6))
     for ax, (stage, sharded) in zip(axes, STAGES.items(), strict=True):
         for rank in range(world):
             start = 0.0
@@ -43,8 +43,9 @@ def who_holds(world: int) -> Figure:
         ax.set_title(stage)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLORS]
     fig.legend(handles, KINDS, loc="lower center", ncol=3, frameon=False)
-    fig.subplots_adjust(bottom=0.25)
-    return finish(fig, axes[0], "")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))  # room for the legend below the panels
+    plt.close(fig)
+    return fig
 
 
 def memory_for_communication(
