@@ -91,7 +91,13 @@ def _faults() -> dict[str, str]:
     ex.train(DDP(m4), _zero(m4, "AdamW", Unsynced), rank)
     lines["unsynced"] = _versus(m4.state_dict(), ref["AdamW"], f"ZeRO-1 AdamW: {one}")
     lines.update(_bytes(rank))
-    lines.update(_versus_torch(rank, m1, m3))
+    faulty = {
+        ("ZeRO-1", "SGD"): m1.state_dict(),
+        ("FSDP", "SGD"): full3,
+        ("ZeRO-1", "AdamW"): a1.state_dict(),
+        ("FSDP", "AdamW"): full,
+    }
+    lines.update(_versus_torch(rank, faulty))
     return lines
 
 
@@ -132,8 +138,9 @@ def _bytes(rank: int) -> dict[str, str]:
     return lines
 
 
-def _versus_torch(rank: int, ours_zero: nn.Module, ours_fsdp: nn.Module) -> dict:
-    """Torch's, trained right, against ours trained with summed gradients."""
+def _versus_torch(rank: int, ours: dict[tuple[str, str], dict]) -> dict[str, str]:
+    """Torch's, trained right, against ours trained with a fault (`ours`: the state
+    dicts by strategy and optimizer)."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -141,22 +148,22 @@ def _versus_torch(rank: int, ours_zero: nn.Module, ours_fsdp: nn.Module) -> dict
     from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
     from torch.nn.parallel import DistributedDataParallel
 
-    theirs = ex.uneven_mlp()
-    ex.train(DistributedDataParallel(theirs), _zero(theirs, "SGD", TorchZero), rank)
-    line = {
-        "torch zero": _versus(
-            theirs.state_dict(),
-            ours_zero.state_dict(),
-            "ZeRO-1 SGD: max |ours - torch's|",
+    lines = {}
+    for kind in ex.OPTIMIZERS:
+        theirs = ex.uneven_mlp()
+        opt = _zero(theirs, kind, TorchZero)
+        ex.train(DistributedDataParallel(theirs), opt, rank)
+        what = f"ZeRO-1 {kind}: max |ours - torch's|"
+        lines[f"torch ZeRO-1 {kind}"] = _versus(
+            theirs.state_dict(), ours["ZeRO-1", kind], what
         )
-    }
-    theirs = _sharded(ex.uneven_mlp(), torch_fully_shard)
-    ex.train(theirs, ex.optimizer("SGD", theirs.parameters()), rank)
-    full = get_model_state_dict(theirs, options=StateDictOptions(full_state_dict=True))
-    line["torch fsdp"] = _versus(
-        full, fsdp.full_state_dict(ours_fsdp), "FSDP SGD: max |ours - torch's|"
-    )
-    return line
+        theirs = _sharded(ex.uneven_mlp(), torch_fully_shard)
+        ex.train(theirs, ex.optimizer(kind, theirs.parameters()), rank)
+        options = StateDictOptions(full_state_dict=True)
+        full = get_model_state_dict(theirs, options=options)
+        what = f"FSDP {kind}: max |ours - torch's|"
+        lines[f"torch FSDP {kind}"] = _versus(full, ours["FSDP", kind], what)
+    return lines
 
 
 @pytest.fixture(scope="module")
@@ -209,9 +216,16 @@ def test_other_traffic_fails_the_byte_formulas(lines: dict[str, str]) -> None:
 
 @pytest.mark.controls(
     "09_zero_fsdp",
-    r"(ZeRO-1|FSDP) (SGD|AdamW): max \|ours - torch's\|",
+    r"(ZeRO-1|FSDP) SGD: max \|ours - torch's\|",
     fault="ours trained with gradients summed over ranks, torch's right",
 )
-def test_ours_with_summed_gradients_fails_against_torchs(lines: dict[str, str]) -> None:
-    for name in ("torch zero", "torch fsdp"):
-        assert lines[name].endswith("FAIL"), lines[name]
+@pytest.mark.controls(
+    "09_zero_fsdp",
+    r"(ZeRO-1|FSDP) AdamW: max \|ours - torch's\|",
+    fault="ours trained on rank 0's rows on every rank, torch's right",
+)
+def test_faulty_ours_fails_against_torchs(lines: dict[str, str]) -> None:
+    for strategy in ("ZeRO-1", "FSDP"):
+        for kind in ex.OPTIMIZERS:
+            line = lines[f"torch {strategy} {kind}"]
+            assert line.endswith("FAIL"), line
