@@ -24,6 +24,7 @@ from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
 from distcourse import runtime
 from distcourse.comm.ledger import Ledger
+from distcourse.examples import sharding as ex
 from distcourse.launch import spawn
 from distcourse.parallel.fsdp import (
     full_state_dict,
@@ -35,11 +36,7 @@ from distcourse.parallel.fsdp import (
 from distcourse.parallel.zero import formula, held
 
 ATOL = 1e-5
-ROWS, STEPS = 4, 3
-OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict]] = {
-    "sgd": (torch.optim.SGD, dict(lr=0.1)),
-    "adamw": (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1)),
-}
+OPTIMIZERS = ex.OPTIMIZERS
 
 
 class Net(nn.Module):
@@ -66,42 +63,26 @@ def _shard(model: Net, shard=fully_shard, **options: object) -> Net:  # noqa: AN
     return model
 
 
-def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randn(ROWS, 6, generator=gen), torch.randn(ROWS, 3, generator=gen)
+def _train(
+    model: nn.Module, kind: str, rank: int, scale: float = 1.0
+) -> torch.optim.Optimizer:
+    """Train on this rank's rows; a `scale` other than 1 plants a fault (every
+    gradient multiplied: summed instead of averaged, for scale = N)."""
+    opt = ex.optimizer(kind, model.parameters())
 
-
-def _one_process(world: int, kind: str, scale: float = 1.0) -> dict:
-    model = Net()
-    cls, options = OPTIMIZERS[kind]
-    opt = cls(model.parameters(), **options)
-    for step in range(STEPS):
-        rows = [_batch(step, r) for r in range(world)]
-        x, y = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
-        opt.zero_grad()
-        F.mse_loss(model(x), y).backward()
+    def scale_gradients() -> None:
         for p in model.parameters():
             p.grad *= scale
-        opt.step()
-    return model.state_dict()
 
-
-def _train(model: nn.Module, kind: str, rank: int, scale: float = 1.0) -> None:
-    cls, options = OPTIMIZERS[kind]
-    opt = cls(model.parameters(), **options)
-    for step in range(STEPS):
-        x, y = _batch(step, rank)
-        opt.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        for p in model.parameters():
-            p.grad *= scale
-        opt.step()
+    ex.train(model, opt, rank, before_step=scale_gradients)
     return opt
 
 
-def _difference(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k] - b[k]).abs().max().item() for k in a)
+def _reference(world: int, kind: str) -> dict:
+    return ex.one_process(world, kind, make=Net)
+
+
+_difference = ex.max_difference
 
 
 def _on_ranks() -> dict:
@@ -109,7 +90,7 @@ def _on_ranks() -> dict:
     rank, world = info.rank, info.world_size
     out: dict = {"world": world}
     for kind in OPTIMIZERS:
-        reference = _one_process(world, kind)
+        reference = _reference(world, kind)
         for reshard in (True, False):
             model = _shard(Net(), reshard_after_forward=reshard)
             opt = _train(model, kind, rank)
@@ -129,8 +110,8 @@ def _on_ranks() -> dict:
             tuple(p.to_local().shape) for p in theirs.parameters()
         ]
     scaled = _shard(Net())
-    _train(scaled, "sgd", rank, scale=world)
-    out["sgd scaled"] = _difference(full_state_dict(scaled), _one_process(world, "sgd"))
+    _train(scaled, "SGD", rank, scale=world)
+    out["SGD scaled"] = _difference(full_state_dict(scaled), _reference(world, "SGD"))
     out["bytes"] = _ledger(rank)
     out["full"] = full_state_dict(scaled)
     return out
@@ -139,7 +120,7 @@ def _on_ranks() -> dict:
 def _ledger(rank: int) -> dict:
     """Records of one training step, and the formula's wire bytes."""
     model = _shard(Net())
-    x, y = _batch(0, rank)
+    x, y = ex.batch(0, rank)
     with Ledger() as ledger:
         F.mse_loss(model(x), y).backward()
     widths = [u.width for u in units(model)]
@@ -164,7 +145,7 @@ def test_equal_to_one_process(results: list[dict], kind: str, reshard: bool) -> 
 
 
 def test_a_gradient_scaled_by_the_world_size_fails(results: list[dict]) -> None:
-    assert all(r["sgd scaled"] > 100 * ATOL for r in results)
+    assert all(r["SGD scaled"] > 100 * ATOL for r in results)
 
 
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
@@ -180,7 +161,7 @@ def test_bytes_held_are_the_formula(results: list[dict], kind: str) -> None:
     shares = []
     for r in results:
         got, want = r[f"{kind} reshard=True held"]
-        if kind == "sgd":
+        if kind == "SGD":
             want = {**want, "optimizer": 0}
         assert got == want
         shares.append(got["parameters"])
@@ -217,7 +198,7 @@ def _bad_calls() -> dict:
     early = Net()
     opt = torch.optim.SGD(early.parameters(), lr=0.1)
     _shard(early)
-    x, y = _batch(0, dist.get_rank())
+    x, y = ex.batch(0, dist.get_rank())
     F.mse_loss(early(x), y).backward()
     try:
         opt.step()

@@ -14,13 +14,13 @@ import inspect
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 from torch.nn.parallel import DistributedDataParallel
 
 from distcourse import runtime
 from distcourse.comm.ledger import Ledger
+from distcourse.examples import sharding as ex
 from distcourse.launch import spawn
 from distcourse.parallel.ddp import DDP
 from distcourse.parallel.zero import (
@@ -33,64 +33,31 @@ from distcourse.parallel.zero import (
 )
 
 ATOL = 1e-5
-ROWS, STEPS = 4, 3  # rows per rank per step; optimizer steps
-OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict]] = {
-    "sgd": (torch.optim.SGD, dict(lr=0.1)),
-    "adamw": (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1)),
-}
+OPTIMIZERS = ex.OPTIMIZERS
 
 
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 7), nn.Tanh(), nn.Linear(7, 3)
-    )
+def _difference(model: nn.Module, reference: dict[str, torch.Tensor]) -> float:
+    return ex.max_difference(model.state_dict(), reference)
 
 
-def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randn(ROWS, 6, generator=gen), torch.randn(ROWS, 3, generator=gen)
-
-
-def _one_process(world: int, kind: str, scale: float = 1.0) -> list[torch.Tensor]:
-    """Plain training on every rank's rows at once; `scale` plants a fault."""
-    model = _model()
-    cls, options = OPTIMIZERS[kind]
-    opt = cls(model.parameters(), **options)
-    for step in range(STEPS):
-        rows = [_batch(step, r) for r in range(world)]
-        x, y = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
-        opt.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        for p in model.parameters():
-            p.grad *= scale
-        opt.step()
-    return [p.detach().clone() for p in model.parameters()]
-
-
-def _train(net: nn.Module, opt: torch.optim.Optimizer, rank: int) -> None:
-    for step in range(STEPS):
-        x, y = _batch(step, rank)
-        opt.zero_grad()
-        F.mse_loss(net(x), y).backward()
-        opt.step()
-
-
-def _difference(model: nn.Module, reference: list[torch.Tensor]) -> float:
-    return max(
-        (p - r).abs().max().item()
-        for p, r in zip(model.parameters(), reference, strict=True)
-    )
-
-
-def _run(kind: str, stage: int, rank: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+def _run(
+    kind: str, stage: int, rank: int, scale: float = 1.0
+) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Train a fresh model under our ZeRO `stage` (1: with DDP; 2: ShardedDDP)."""
-    model = _model()
+    model = ex.uneven_mlp()
     cls, options = OPTIMIZERS[kind]
     opt = ZeroRedundancyOptimizer(model.parameters(), cls, **options)
     net = DDP(model) if stage == 1 else ShardedDDP(model, opt)
-    _train(net, opt, rank)
+    ex.train(net, opt, rank, before_step=lambda: _scale(model, scale))
     return model, opt
+
+
+def _scale(model: nn.Module, scale: float) -> None:
+    """A planted fault when scale != 1: every gradient multiplied (summed, not
+    averaged, for scale = N)."""
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad *= scale
 
 
 def _on_ranks() -> dict:
@@ -99,7 +66,7 @@ def _on_ranks() -> dict:
     rank, world = info.rank, info.world_size
     out: dict = {"rank": rank, "world": world}
     for kind in OPTIMIZERS:
-        reference = _one_process(world, kind)
+        reference = ex.one_process(world, kind)
         for stage in (1, 2):
             model, opt = _run(kind, stage, rank)
             out[f"{kind} stage {stage}"] = _difference(model, reference)
@@ -107,17 +74,16 @@ def _on_ranks() -> dict:
             part = opt.partition
             want = formula(stage, total, part.numel[rank], len(part.flat[rank]))
             out[f"{kind} stage {stage} held"] = (held(model.parameters(), opt), want)
-        torch_model = _model()
+        torch_model = ex.uneven_mlp()
         cls, options = OPTIMIZERS[kind]
         theirs = TorchZero(torch_model.parameters(), cls, **options)
-        _train(DistributedDataParallel(torch_model), theirs, rank)
+        ex.train(DistributedDataParallel(torch_model), theirs, rank)
         out[f"{kind} torch"] = _difference(torch_model, reference)
-        out[f"{kind} ours vs torch"] = _difference(model, [*torch_model.parameters()])
+        out[f"{kind} ours vs torch"] = _difference(model, torch_model.state_dict())
         out[f"{kind} state"] = _state_dicts(kind, opt, theirs, model, rank)
     # planted fault: every gradient N times too large (summed, not averaged)
-    model_sgd = _run("sgd", 2, rank)[0]
-    scaled = _one_process(world, "sgd", scale=world)
-    out["sgd scaled"] = _difference(model_sgd, scaled)
+    model_sgd = _run("SGD", 2, rank, scale=world)[0]
+    out["SGD scaled"] = _difference(model_sgd, ex.one_process(world, "SGD"))
     out["shapes"] = [tuple(p.shape) for p in model_sgd.parameters()]
     out["bytes"] = _ledger_bytes(rank)
     return out
@@ -152,22 +118,17 @@ def _state_dicts(
     fresh = ZeroRedundancyOptimizer(twin.parameters(), cls, **options)
     fresh.load_state_dict(shipped[0])
     for net, opt in ((DDP(model), ours), (DDP(twin), fresh)):
-        x, y = _batch(STEPS, rank)
-        opt.zero_grad()
-        F.mse_loss(net(x), y).backward()
-        opt.step()
-    return same, _difference(twin, [*model.parameters()])
+        ex.train(net, opt, rank, steps=1)
+    return same, _difference(twin, model.state_dict())
 
 
 def _ledger_bytes(rank: int) -> dict:
-    """Records of one stage-2 step and of one stage-1 optimizer step."""
-    model = _model()
+    """Records of one stage-2 step."""
+    model = ex.uneven_mlp()
     opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
     net = ShardedDDP(model, opt)
-    x, y = _batch(0, rank)
     with Ledger() as ledger:
-        F.mse_loss(net(x), y).backward()
-        opt.step()
+        ex.train(net, opt, rank, steps=1)
     records = [(_family(r.op), r.bytes, r.group_size) for r in ledger.records]
     part = opt.partition
     wire = step_bytes(2, part.numel, part.width, rank)
@@ -201,7 +162,7 @@ def test_equal_to_one_process(results: list[dict], kind: str, stage: int) -> Non
 
 
 def test_a_gradient_scaled_by_the_world_size_fails(results: list[dict]) -> None:
-    assert all(r["sgd scaled"] > 100 * ATOL for r in results)
+    assert all(r["SGD scaled"] > 100 * ATOL for r in results)
 
 
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
@@ -220,7 +181,7 @@ def test_bytes_held_are_the_formula(results: list[dict], kind: str, stage: int) 
     total = sum(torch.Size(s).numel() for s in results[0]["shapes"])
     for r in results:
         got, want = r[f"{kind} stage {stage} held"]
-        if kind == "sgd":  # plain SGD keeps no state
+        if kind == "SGD":  # plain SGD keeps no state
             want = {**want, "optimizer": 0}
         assert got == want
     shares = [r[f"{kind} stage {stage} held"][1]["gradients"] for r in results]
@@ -266,7 +227,7 @@ def test_signature_is_torchs() -> None:
 
 
 def test_refused_before_any_collective() -> None:
-    model = _model()
+    model = ex.uneven_mlp()
     with pytest.raises(NotImplementedError, match="overlap_with_ddp is not supported"):
         ZeroRedundancyOptimizer(
             model.parameters(), torch.optim.SGD, overlap_with_ddp=True, lr=0.1
@@ -277,7 +238,7 @@ def test_refused_before_any_collective() -> None:
 
 
 def _late_group() -> str:
-    opt = ZeroRedundancyOptimizer(_model().parameters(), torch.optim.SGD, lr=0.1)
+    opt = ZeroRedundancyOptimizer(ex.uneven_mlp().parameters(), torch.optim.SGD, lr=0.1)
     try:
         opt.add_param_group({"params": [nn.Parameter(torch.zeros(1))]})
     except NotImplementedError as err:

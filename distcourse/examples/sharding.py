@@ -65,9 +65,12 @@ def train(
     return losses
 
 
-def one_process(world: int, kind: str, steps: int = 3) -> dict[str, torch.Tensor]:
-    """The state dict after training on all `world` ranks' rows in one process."""
-    model = uneven_mlp()
+def one_process(
+    world: int, kind: str, steps: int = 3, make: Callable[[], nn.Module] = uneven_mlp
+) -> dict[str, torch.Tensor]:
+    """The state dict after training `make()` (seeded) on all `world` ranks' rows in
+    one process."""
+    model = make()
     opt = optimizer(kind, model.parameters())
     for step in range(steps):
         rows = [batch(step, r) for r in range(world)]
