@@ -18,6 +18,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
+    set_model_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
@@ -109,12 +110,30 @@ def _on_ranks() -> dict:
         out[f"{kind} same pieces"] = [tuple(p.shape) for p in model.parameters()] == [
             tuple(p.to_local().shape) for p in theirs.parameters()
         ]
+        out[f"{kind} loads torch's"] = _exchange(model, theirs)
     scaled = _shard(Net())
     _train(scaled, "SGD", rank, scale=world)
     out["SGD scaled"] = _difference(full_state_dict(scaled), _reference(world, "SGD"))
     out["bytes"] = _ledger(rank)
     out["full"] = full_state_dict(scaled)
     return out
+
+
+def _exchange(ours: nn.Module, theirs: nn.Module) -> tuple[float, float]:
+    """Each side loads the other's full state dict into a fresh sharded model and
+    gives it back unchanged: one checkpoint format, either library."""
+    options = StateDictOptions(full_state_dict=True)
+    from_torch = get_model_state_dict(theirs, options=options)
+    fresh = _shard(Net())
+    load_full_state_dict(fresh, from_torch)
+    ours_back = _difference(full_state_dict(fresh), from_torch)
+    from_ours = full_state_dict(ours)
+    fresh_torch = _shard(Net(), shard=torch_fully_shard)
+    # (torch replaces the entries of the dict it loads by its pieces: hand it a copy)
+    set_model_state_dict(fresh_torch, dict(from_ours), options=options)
+    back = get_model_state_dict(fresh_torch, options=options)
+    torch_back = _difference(back, from_ours)
+    return ours_back, torch_back
 
 
 def _ledger(rank: int) -> dict:
@@ -152,6 +171,13 @@ def test_a_gradient_scaled_by_the_world_size_fails(results: list[dict]) -> None:
 def test_beside_torchs_fully_shard(results: list[dict], kind: str) -> None:
     assert all(r[f"{kind} torch"] <= ATOL for r in results)
     assert all(r[f"{kind} same pieces"] for r in results)
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_full_state_dicts_load_into_either_library(
+    results: list[dict], kind: str
+) -> None:
+    assert all(r[f"{kind} loads torch's"] == (0.0, 0.0) for r in results)
 
 
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
