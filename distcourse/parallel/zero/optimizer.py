@@ -109,8 +109,8 @@ class ZeroRedundancyOptimizer(Optimizer):
         with torch.no_grad():
             flats, works = [], []
             for r, params in enumerate(part.flat):
-                if r == self.rank:
-                    flat = part.row([params], like)[0][: part.numel[r]]
+                if r == self.rank and params:
+                    flat = torch.cat([p.reshape(-1) for p in params])
                 else:
                     flat = like.new_empty(part.numel[r])
                 src = dist.get_global_rank(group or dist.group.WORLD, r)
