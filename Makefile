@@ -19,7 +19,7 @@ NB_TIMEOUT ?= 180
 export IPYTHONDIR ?= $(CURDIR)/.ipython
 
 .PHONY: venv lock book test lint unit notebooks browser chromium execute check clean \
-	test-gpu test-gpu-suite test-gpu-book test-compat
+	test-gpu test-gpu-suite test-gpu-book test-compat checks-page
 
 venv: $(VENV)/.installed
 
@@ -62,6 +62,12 @@ lock:
 	mv $(LOCK).new $(LOCK)
 	$(LOCK_VENV)/bin/python -m distcourse.envcheck environment.yml
 	rm -rf $(LOCK_VENV)
+
+# book/appendix_checks.md, the table of every verdict and its negative control, from
+# the stored notebooks and the tests' pytest.mark.controls markers
+# (tests/test_book_controls.py fails when the stored page differs from it).
+checks-page: venv
+	$(PY) tests/verdict_controls.py
 
 book: venv
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going

@@ -57,12 +57,16 @@ def hidden_fraction(
     comm: str = "all_reduce",
     behind: str = "backward",
 ) -> float:
-    """Share of the time communication was in flight that fell inside compute: 0 to 1.
+    """Share of the time communication was in flight that backward provably hid: 0 to 1.
 
     DDP's point is to hide its all-reduces behind backward. Of the seconds during which
-    some span named `comm ...` (e.g. "all_reduce 0") was in flight, overlapping spans
-    counted once, this is the part during which the span named `behind` was running;
-    the rest lengthens the step. 0.0 when there is no communication.
+    some span named `comm ...` (e.g. "all_reduce 0", from launch to completion) was in
+    flight, overlapping spans counted once, this counts only the part, inside the span
+    named `behind`, of spans that *completed* before `behind` ended. A span launched
+    during backward that completed after it counts nothing: it may have sat in gloo's
+    queue all along, and being launched early proves no overlap. So a DDP that sends
+    its all-reduces only after backward, or whose launches wait unserved until
+    backward ends, scores exactly 0. 0.0 when there is no communication.
     """
     items = as_events(events)
     windows = [e for e in items if e.name == behind]
@@ -71,9 +75,9 @@ def hidden_fraction(
     window = windows[0]
     sent = [e for e in items if e.name.split()[0] == comm]
     inside = [
-        Event(e.name, max(e.start, window.start), min(e.end, window.end))
+        Event(e.name, max(e.start, window.start), e.end)
         for e in sent
-        if overlap(e, window) > 0
+        if e.end <= window.end and overlap(e, window) > 0
     ]
     busy = covered(sent)
     return covered(inside) / busy if busy > 0 else 0.0

@@ -59,3 +59,36 @@ def test_only_some_layouts() -> None:
         hybrid.measure(dataclasses.replace(cfg, only=("2x2x2", "3x1x1")))
     with pytest.raises(ValueError, match="needs pure data parallelism, 8x1x1"):
         hybrid.run(dataclasses.replace(cfg, only=("1x1x8",)))  # before any rank
+
+
+def test_across_runs_gives_medians_and_the_order() -> None:
+    def result(times: dict[str, float], best: str) -> dict:
+        table = [
+            dict(layout=name, step_ms=t, memory_kib=1.0) for name, t in times.items()
+        ]
+        return dict(ranks=2, best=best, table=table)
+
+    runs = [
+        result({"2x1x1": 10.0, "1x2x1": 30.0, "1x1x2": 50.0}, "2x1x1"),
+        result({"2x1x1": 40.0, "1x2x1": 20.0, "1x1x2": 60.0}, "1x2x1"),
+        result({"2x1x1": 20.0, "1x2x1": 25.0, "1x1x2": 70.0}, "2x1x1"),
+    ]
+    lines = hybrid.across_runs(runs)
+    assert lines[1].split() == [
+        "2x1x1",
+        "10",
+        "ms",
+        "40",
+        "ms",
+        "20",
+        "ms",
+        "20",
+        "ms",
+        "1",
+    ]
+    assert lines[-3] == "fastest in each run: 2x1x1, 1x2x1, 2x1x1"
+    assert (
+        lines[-2]
+        == "by median: fastest 2x1x1, then 1x2x1; slowest 1x1x2, 3.0 x the fastest"
+    )
+    assert lines[-1] == "median step as tp doubles (2x1x1, 1x1x2): 20 ms, 60 ms"

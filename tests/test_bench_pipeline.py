@@ -24,9 +24,16 @@ def test_quick_json_report(capsys: pytest.CaptureFixture[str]) -> None:
         == max(r["speedup"] for r in report["table"][1:])
     )
     m = report["m"]
-    assert report["efficiency"] == pytest.approx(
+    assert report["of_limit"] == pytest.approx(
         report["speedup"] / (2 * m / (m + 1)), abs=2e-3
     )
+    # efficiency: an ideal pipeline of the same stages over the measured step
+    assert (report["efficiency"], report["ideal_ms"]) == (
+        best["efficiency"],
+        best["ideal_ms"],
+    )
+    assert all(0 < r["efficiency"] and 0 < r["ideal_ms"] for r in report["table"])
+    assert report["per_micro_batch_ms"] != 0
     assert report["bubble_formula"] == round(3 / (cfg.m4 + 3), 4)
     assert 0 < report["bubble_measured"] < 1
     assert report["bubble_error"] == pytest.approx(
@@ -60,3 +67,10 @@ def test_sleeping_blocks_take_their_time_forward_and_backward() -> None:
     end = time.perf_counter()
     assert mid - start >= 0.01 and end - mid >= 0.02  # 2 samples x 5 ms, then x 2
     assert torch.equal(x.grad, torch.ones(2, 4))  # the scale starts at one
+
+
+def test_two_ranks_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert pipeline.main(["--quick", "--json", "--two"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["m"] in pipeline.QUICK.sweep and report["efficiency"] > 0
+    assert "ratio" not in report and "schedules" not in report  # no 4-rank part

@@ -143,3 +143,21 @@ def test_ledger_on_the_real_sends_equals_sent_per_rank(n: int) -> None:
     for name in ("ring_all_reduce", "naive_all_reduce"):
         want = costmodel.sent_per_rank(name, nbytes, n)
         assert [c[name] for c in counted] == want, name
+
+
+def test_held_out_fits_one_part_and_judges_the_other() -> None:
+    sizes = [4 * 1024 * 4**k for k in range(7)]
+    times = [
+        costmodel.predict("ring_all_reduce", s, 2, 1e-4, 1e-9).seconds for s in sizes
+    ]
+    a, b, verdict = costmodel.held_out(
+        "ring_all_reduce", sizes, times, 2, [0, 2, 6], [1, 3]
+    )
+    assert a == pytest.approx(1e-4) and b == pytest.approx(1e-9)
+    assert verdict == "within a factor 3: PASS"
+    a0, b0, no_beta = costmodel.held_out(
+        "ring_all_reduce", sizes, times, 2, [0, 2, 6], [1, 3, 4, 5], beta=False
+    )
+    assert b0 == 0.0 and a0 > 0 and no_beta.endswith(": FAIL")
+    with pytest.raises(ValueError, match="overlap"):
+        costmodel.held_out("ring_all_reduce", sizes, times, 2, [0, 2], [2, 3])

@@ -26,7 +26,7 @@ from torch import Tensor
 import distcourse.global_tensor as gt
 from distcourse.comm.ledger import Ledger
 from distcourse.global_tensor.duality import placed
-from distcourse.global_tensor.tensor import dual
+from distcourse.global_tensor.tensor import default_grad_sbp
 from distcourse.launch import spawn
 
 S0, S1 = gt.sbp.split(0), gt.sbp.split(1)
@@ -88,7 +88,7 @@ def _check_op(name: str, sigs: list[tuple], p: gt.Placement) -> list[str]:
     if not torch.allclose(out.full_tensor(), ref, atol=1e-9):
         bad.append(f"{name} {sigs}: value")
     for i, (x, r) in enumerate(zip(xs[:n_grad], refs, strict=False)):
-        if x.grad.sbp != dual(x.sbp):
+        if x.grad.sbp != default_grad_sbp(x.sbp):
             bad.append(f"{name} {sigs}: gradient {i} is {x.grad.sbp}")
         if not torch.allclose(x.grad.full_tensor(), r.grad, atol=1e-9):
             bad.append(f"{name} {sigs}: gradient {i}")
@@ -163,7 +163,7 @@ def _run_program(leaves: list, steps: list, p: gt.Placement) -> str:
     for i, (x, r) in enumerate(zip(xs, refs, strict=True)):
         if r.grad is None:
             continue
-        if x.grad.sbp != dual(x.sbp) or not torch.allclose(
+        if x.grad.sbp != default_grad_sbp(x.sbp) or not torch.allclose(
             x.grad.full_tensor(), r.grad, atol=1e-9
         ):
             return f"gradient of leaf {i}"

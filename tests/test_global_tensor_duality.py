@@ -1,8 +1,8 @@
 """Each conversion forward and backward (duality.py), on real gloo ranks.
 
 Every (conversion, grad_sbp) pair on a 1-D placement of 4 ranks and many on 2 x 2:
-the gradient leaves with the grad_sbp asked for (or the dual of the input's
-signature), equals the incoming one, and the bytes the backward sent equal the
+the gradient leaves with the grad_sbp asked for (or the input's signature with P
+replaced by B), equals the incoming one, and the bytes the backward sent equal the
 boxing formula. A broadcast model's gradient all-reduces send exactly the bytes of
 our DDP step on the same model; Megatron's f and g cost one all_reduce each, on
 the side the book says.
@@ -22,7 +22,7 @@ from distcourse.comm.ledger import Ledger
 from distcourse.global_tensor import duality
 from distcourse.global_tensor.boxing import steps, transfer_bytes
 from distcourse.global_tensor.sbp import local_shape, signature
-from distcourse.global_tensor.tensor import dual
+from distcourse.global_tensor.tensor import default_grad_sbp
 from distcourse.launch import spawn
 from distcourse.parallel.ddp import DDP
 
@@ -48,7 +48,7 @@ def _pairs(ranks: list, sigs: list, grads: list) -> list[str]:
     for src, dst, grad in itertools.product(sigs, sigs, grads):
         cost = duality.conversion_cost(p, SHAPE, src, dst, grad_sbp=grad)
         s, d = signature(src, p.ndim, 2, "s"), signature(dst, p.ndim, 2, "d")
-        g = dual(s) if grad is None else signature(grad, p.ndim, 2, "g")
+        g = default_grad_sbp(s) if grad is None else signature(grad, p.ndim, 2, "g")
         case = f"{cost.src} -> {cost.dst}, grad_sbp {grad}"
         if not cost.correct:
             bad.append(f"{case}: gradient")
@@ -135,7 +135,8 @@ def _ddp_vs_global() -> tuple[int, int, list, bool]:
 
 def test_broadcast_parameters_all_reduce_the_bytes_of_a_ddp_step() -> None:
     for ours, theirs, sigs, same in spawn(_ddp_vs_global, 4, timeout=60):
-        assert same and ours == theirs == 4 * (10 * 10 + 10 + 5 * 10 + 5)
+        model = 4 * (10 * 10 + 10 + 5 * 10 + 5)  # bytes of every gradient
+        assert same and ours == theirs == 2 * 3 * model // 4  # 2(n-1)T/n each
         names = ("net1.weight", "net1.bias", "net2.weight", "net2.bias")
         assert sigs == [(n, "B", "B") for n in names]
 

@@ -93,6 +93,36 @@ def test_dp_x_tp_equals_one_process_and_the_module_version() -> None:
         assert got["unboxed"] == want == 1312 + 192, rank
 
 
+def _wire_bytes() -> dict[str, int]:
+    """Ledger bytes of a boxed step on a 4 x 2 and a 2 x 4 placement of 8 ranks,
+    where the ring's 2(n - 1)/n is not 1 (on 2 x 2 wire bytes equal the tensors)."""
+    torch.set_num_threads(1)
+    shapes = {"4x2": (4, 2), "2x4": (2, 4)}
+    places = {
+        k: gt.placement("cpu", ranks=torch.arange(8).view(v).tolist())
+        for k, v in shapes.items()
+    }
+    got = {}
+    for name, p in places.items():
+        torch.manual_seed(0)
+        model = gt.parallelize(MLP(C), p, layouts.dp_tp_plan(MLP(C), ["fc"], ["proj"]))
+        x, y = torch.randn(ROWS, C), torch.randn(ROWS, C)
+        xg, yg = layouts.cut(x, p, layouts.DATA), layouts.cut(y, p, layouts.DATA)
+        with Ledger() as ledger:
+            F.mse_loss(model(xg).to_global(sbp=layouts.DATA), yg).backward()
+        got[name] = ledger.bytes_sent()
+    return got
+
+
+def test_step_bytes_are_wire_bytes_on_groups_of_four() -> None:
+    want = {
+        name: mlp_step_bytes(ROWS, C, 4 * C, dp, tp)
+        for name, (dp, tp) in {"4x2": (4, 2), "2x4": (2, 4)}.items()
+    }
+    for rank, got in enumerate(spawn(_wire_bytes, 8, timeout=60)):
+        assert got == want, (rank, got, want)
+
+
 def _errors() -> list[str]:
     p = gt.placement("cpu", ranks=[[0, 1], [2, 3]])
     B, P = gt.sbp.broadcast, gt.sbp.partial_sum

@@ -24,6 +24,7 @@ MAKERS = {
     "1F1B": lambda p, m: pp.one_f_one_b(p, m),
     "interleaved": lambda p, m: pp.interleaved(p, m, 2),
     "ZB-H1": lambda p, m: pp.zb_h1(p, m),
+    "interleaved, m < p": lambda p, m: pp.interleaved(p, 2, 2),  # one round of 2
 }
 
 
@@ -81,7 +82,7 @@ def test_every_schedule_equals_one_process_on_two_ranks() -> None:
 
 
 def test_1f1b_interleaved_and_zb_h1_equal_one_process_on_four_ranks() -> None:
-    names, m = ["1F1B", "interleaved", "ZB-H1"], 8
+    names, m = ["1F1B", "interleaved", "ZB-H1", "interleaved, m < p"], 8
     results = spawn(_against_one_process, 4, names, m, timeout=20)
     _check(results, names, m)
     assert [r["1F1B"]["count"] for r in results] == [4, 3, 2, 1]  # <= p

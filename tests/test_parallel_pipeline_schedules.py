@@ -52,7 +52,8 @@ def test_interleaved_follows_megatrons_order() -> None:
 
 
 @pytest.mark.parametrize(
-    ("p", "m", "v"), [(2, 4, 1), (4, 8, 1), (4, 3, 1), (2, 4, 2), (4, 8, 2), (4, 12, 3)]
+    ("p", "m", "v"),
+    [(2, 4, 1), (4, 8, 1), (4, 3, 1), (2, 4, 2), (4, 8, 2), (4, 12, 3), (4, 6, 2)],
 )
 def test_the_bubble_on_paper_is_the_formula(p: int, m: int, v: int) -> None:
     # equal stages, instant transfers: (p - 1) / (v m + p - 1) of the ranks' time
@@ -66,8 +67,8 @@ def test_the_bubble_on_paper_is_the_formula(p: int, m: int, v: int) -> None:
 
 
 def test_bad_sizes_and_schedules_are_refused() -> None:
-    with pytest.raises(ValueError, match="micro_batches=3 is not a multiple of 2"):
-        S.interleaved(2, 3, 2)
+    with pytest.raises(ValueError, match="micro_batches=9 does not split into 2"):
+        S.interleaved(4, 9, 2)
     with pytest.raises(ValueError, match="micro_batches must be a positive integer"):
         S.gpipe(2, 0)
     good = S.one_f_one_b(2, 2)
@@ -123,3 +124,32 @@ def test_bad_sizes_and_schedules_are_refused() -> None:
         r"1: 'F1.1'\}",
     ):
         S.simulate(waits)
+
+
+def test_interleaving_takes_any_m_that_splits_into_rounds_as_torch_does() -> None:
+    # torch's ScheduleInterleaved1F1B: max(1, m // p) equal rounds; m = p k as before
+    for p in range(2, 7):
+        for v in (1, 2, 3):
+            for m in range(1, 4 * p + 1):
+                if m % max(1, m // p):
+                    with pytest.raises(ValueError, match="equal rounds"):
+                        S.interleaved(p, m, v)
+                    continue
+                s = S.interleaved(p, m, v)
+                S.check(s)
+                S.simulate(s)  # no deadlock
+    assert (
+        S.interleaved(4, 6, 2)
+        .show()
+        .splitlines()[3]
+        .startswith("rank 3: F3.0 F3.1 F3.2 F3.3 F3.4 F3.5 F7.0 B7.0")
+    )
+
+
+def test_simulate_takes_a_time_per_stage() -> None:
+    # 2 stages, m = 2: F0 0-1, F0 1-2; F1 1-4, B1 4-10, F1 10-13, B1 13-19; B0 10-12,
+    # 19-21: an unbalanced pipe waits for its slow stage
+    runs = S.simulate(S.one_f_one_b(2, 2), forward=[1.0, 3.0], backward=[2.0, 6.0])
+    assert max(e for acts in runs for _, _, e in acts) == 21.0
+    with pytest.raises(ValueError, match="one each"):
+        S.simulate(S.one_f_one_b(2, 2), forward=[1.0])

@@ -33,3 +33,31 @@ def test_meter_counts_saved_activations_not_parameters() -> None:
     meter.release("a")
     meter.release("b")
     assert meter.now == 0 and meter.peak == 12000 and meter.peak_count == 2
+
+
+def test_ideal_step_puts_timed_stages_into_the_schedule_on_paper() -> None:
+    from distcourse.parallel.pipeline import schedules
+
+    # GPipe, 2 stages, m = 2: F0 0-1 1-2; F1 1-2 2-3; B1 3-5 5-7; B0 5-7 7-9
+    assert stats.ideal_step(schedules.gpipe(2, 2), [1.0, 1.0], [2.0, 2.0]) == 9.0
+    layer = nn.Linear(8, 8)
+    forward, backward = stats.stage_times(layer, torch.randn(4, 8), repeats=3)
+    assert forward > 0 and backward > 0
+    assert layer.weight.grad is not None  # accumulated, as micro-batches do
+
+
+def test_efficiency_is_each_rounds_ideal_over_its_step() -> None:
+    from distcourse.parallel.pipeline import schedules
+
+    gpipe = schedules.gpipe(2, 2)  # ideal 9 s with F = 1, B = 2 on both stages
+    rounds = [[(1.0, 2.0), (1.0, 2.0)], [(2.0, 4.0), (2.0, 4.0)]]  # ideal 9, 18
+    ideal, efficiency = stats.efficiency(gpipe, rounds, [10.0, 18.0])
+    assert (ideal, efficiency) == (9.0, 0.9)  # lower medians of (9, 18), (.9, 1)
+    # 2 micro-batches cost a stage 2 x (1 + 2) = 6 s against 4 s for one of twice
+    # the size: each extra micro-batch adds 2 s to that stage
+    alone = [[[(2.0, 2.0), (1.0, 1.0)]], [[(1.0, 2.0), (0.5, 0.5)]]]
+    assert stats.extra_per_micro_batch([1, 2], alone) == 2.0
+    timer = stats.StageTimer(nn.Linear(4, 4), torch.randn(2, 4))
+    timer.step()
+    timer.step(torch.ones(1))  # a runner's step(x, y): the batch is not used
+    assert len(timer.times) == 2 and all(f > 0 and b > 0 for f, b in timer.times)

@@ -40,17 +40,21 @@ def test_covered_counts_overlapping_spans_once() -> None:
     assert covered([]) == 0.0
 
 
-def test_hidden_fraction_is_the_share_of_communication_inside_backward() -> None:
+def test_hidden_fraction_counts_only_what_completed_inside_backward() -> None:
     step = [
         ("backward", 0.0, 4.0),
-        ("all_reduce 0", 1.0, 5.0),  # 3 of its 4 s inside backward
-        ("all_reduce 1", 4.0, 6.0),  # launched after the last gradient: none
+        ("all_reduce 0", 1.0, 3.0),  # completed inside backward: 2 s hidden
+        ("all_reduce 1", 2.0, 5.0),  # launched inside, completed after: none
+        ("all_reduce 2", 4.0, 6.0),  # launched after the last gradient: none
         ("wait", 4.0, 6.0),
     ]
-    assert hidden_fraction(step) == 3.0 / 5.0  # 3 s hidden of 5 s in flight
+    assert hidden_fraction(step) == 2.0 / 5.0  # 2 s hidden of 5 s in flight
     assert hidden_fraction([("backward", 0, 4), ("all_reduce 0", 1, 3)]) == 1.0
     late = [("backward", 0.0, 4.0), ("all_reduce 0", 4.0, 6.0)]
     assert hidden_fraction(late) == 0.0  # one bucket sent after backward: nothing
+    # launched early but served only after backward (gloo's queue): nothing proven
+    queued = [("backward", 0.0, 4.0), ("all_reduce 0", 1.0, 4.5)]
+    assert hidden_fraction(queued) == 0.0
     assert hidden_fraction([("backward", 0.0, 1.0)]) == 0.0
     with pytest.raises(ValueError, match="'backward'"):
         hidden_fraction([("all_reduce 0", 0.0, 1.0)])

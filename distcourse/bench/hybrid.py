@@ -159,6 +159,35 @@ def format_table(rows: list[dict]) -> str:
     )
 
 
+def across_runs(results: list[dict]) -> list[str]:
+    """Several `run` results of the same layouts as lines: each layout's step time in
+    every run and their median, its memory; the fastest layout of each run; by median
+    the fastest two and the slowest; the median step of the pure-TP-degree layouts
+    (dp x 1 x tp) as tp doubles."""
+    step: dict[str, list[float]] = {r["layout"]: [] for r in results[0]["table"]}
+    for result in results:
+        for r in result["table"]:
+            step[r["layout"]].append(r["step_ms"])
+    memory = {r["layout"]: r["memory_kib"] for r in results[0]["table"]}
+    median = {name: statistics.median(times) for name, times in step.items()}
+    runs = " ".join(f"{'run ' + str(i + 1):>8}" for i in range(len(results)))
+    lines = [f"{'layout':>8} {runs} {'median':>8} {'KiB':>7}"]
+    for name, times in step.items():
+        cells = " ".join(f"{t:>5.0f} ms" for t in [*times, median[name]])
+        lines.append(f"{name:>8} {cells} {memory[name]:>7,.0f}")
+    order = sorted(median, key=median.get)
+    ranks = results[0]["ranks"]
+    tp_only = [f"{ranks // t}x1x{t}" for t in (1, 2, 4, 8) if t <= ranks]
+    return [
+        *lines,
+        f"fastest in each run: {', '.join(r['best'] for r in results)}",
+        f"by median: fastest {order[0]}, then {order[1]}; slowest {order[-1]}, "
+        f"{median[order[-1]] / median[order[0]]:.1f} x the fastest",
+        f"median step as tp doubles ({', '.join(tp_only)}): "
+        + ", ".join(f"{median[n]:.0f} ms" for n in tp_only),
+    ]
+
+
 def main(argv: list[str]) -> int:
     """Parse options, run, print a table (or one JSON object)."""
     parser = common.parser(

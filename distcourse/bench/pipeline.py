@@ -4,9 +4,16 @@ Three measurements, each a median over steps of the slowest rank's time:
 
 - speedup: on 2 ranks, the same batch through a 2-stage split run naively (one
   micro-batch: one rank idles while the other works) and pipelined by 1F1B with m
-  micro-batches for each m of a sweep; the best m's speed-up over naive, and its
-  efficiency against the limit 2m / (m + 1) of a 2-stage pipeline with free
-  transfers and no per-micro-batch cost;
+  micro-batches for each m of a sweep; the best m's speed-up over naive;
+- efficiency, for each m: ideal over measured step time, the median of the
+  rounds' own ratios, where ideal_ms is the step on paper of a pipeline of the
+  same stages (pp.ideal_step: each stage's forward and backward timed alone on
+  this m's micro-batch, both ranks at once, in the same rounds; transfers free).
+  It is what our runner loses (transfers, waits, checks, Python), not what
+  a small micro-batch loses in compute: that shows as per_micro_batch_ms (the
+  compute an extra micro-batch adds to a stage: at width 1024 each micro-batch
+  reads every weight again and writes its gradient, whatever its size) and in
+  of_limit, the speed-up over the limit 2m / (m + 1) of equal, free micro-batches;
 - bubble_error: on 4 ranks, 1F1B's idle share measured from its events, against
   (p - 1) / (m + p - 1);
 - ratio: on the same 4 ranks and stages, our 1F1B step time over torch's
@@ -142,22 +149,33 @@ def _timed(runners: list, cfg: Config, steps: int) -> torch.Tensor:
     return common.slowest(times)
 
 
-def _two_ranks(cfg: Config) -> list[list[float]]:
-    """Step times: naive (m = 1) first, then 1F1B for each m of the sweep."""
+def _ours(cfg: Config, schedule: pp.Schedule, **options: str) -> pp.Pipeline:
+    """Our runner on a fresh copy of the model, split for `schedule`."""
+    stages = pp.split_by_count(_model(cfg), schedule.stages)
+    return pp.Pipeline(stages, schedule, F.mse_loss, timeout=60, **options)
+
+
+def _two_ranks(cfg: Config) -> dict:
+    """Step times: naive (m = 1) first, then 1F1B for each m of the sweep; and in
+    the same rounds each rank's stage alone on a micro-batch of each size:
+    alone[m][round][rank] = (forward, backward) seconds."""
     ms = (1, *cfg.sweep)
-    pipes = [
-        pp.Pipeline(
-            pp.split_by_count(_model(cfg), 2),
-            pp.one_f_one_b(2, m),
-            F.mse_loss,
-            timeout=60,
-        )
-        for m in ms
+    pipes = [_ours(cfg, pp.one_f_one_b(2, m)) for m in ms]
+    rank, (x, _) = dist.get_rank(), _data(cfg)
+    first, stage = pp.split_by_count(_model(cfg), 2)  # a copy, as the pipes' are
+    with torch.no_grad():  # stage 1's input is stage 0's output
+        x = x if rank == 0 else first(x)
+    alone = [
+        pp.StageTimer(first if rank == 0 else stage, x[: cfg.batch // m]) for m in ms
     ]
-    times = _timed(pipes, cfg, cfg.steps)
+    times = _timed([*pipes, *alone], cfg, cfg.steps)[: len(ms)]
     for pipe in pipes:
         pipe.close()
-    return times.tolist()
+    mine = [a.times[cfg.warmup :] for a in alone]
+    seen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, mine)
+    rounds = [list(zip(*at_m, strict=True)) for at_m in zip(*seen, strict=True)]
+    return dict(times=times.tolist(), alone=rounds)
 
 
 SCHEDULES = {"1F1B": pp.one_f_one_b, "GPipe": pp.gpipe, "ZB-H1": pp.zb_h1}
@@ -166,19 +184,9 @@ SCHEDULES = {"1F1B": pp.one_f_one_b, "GPipe": pp.gpipe, "ZB-H1": pp.zb_h1}
 def _four_ranks(cfg: Config) -> dict:
     """Our 1F1B and torch's, our GPipe and ZB-H1, taking turns; our events give
     each schedule's bubble."""
-    ours = {
-        name: pp.Pipeline(
-            pp.split_by_count(_model(cfg), 4), make(4, cfg.m4), F.mse_loss, timeout=60
-        )
-        for name, make in SCHEDULES.items()
-    }
-    ours["1F1B once"] = pp.Pipeline(  # inputs agreed on the first step only, as torch
-        pp.split_by_count(_model(cfg), 4),
-        pp.one_f_one_b(4, cfg.m4),
-        F.mse_loss,
-        timeout=60,
-        inputs="first",
-    )
+    ours = {name: _ours(cfg, make(4, cfg.m4)) for name, make in SCHEDULES.items()}
+    # inputs agreed on the first step only, as torch's stages do
+    ours["1F1B once"] = _ours(cfg, pp.one_f_one_b(4, cfg.m4), inputs="first")
     theirs = TorchPipeline(
         pp.split_by_count(_model(cfg), 4), "1F1B", cfg.m4, F.mse_loss
     )
@@ -227,14 +235,54 @@ def _median(values: list[float]) -> float:
     return torch.tensor(values, dtype=torch.float64).median().item()
 
 
-def run(cfg: Config) -> dict:
-    """The report: speed-up, efficiency, bubble error, ratio, and a table."""
-    two = torch.tensor(spawn(_two_ranks, 2, cfg, timeout=60, deadline=600)[0])
-    step = [_median(t.tolist()) for t in two]
+def run(cfg: Config, four_ranks: bool = True) -> dict:
+    """The report: speed-up, efficiency, a table; then (four_ranks) bubble error,
+    ratios against torch and the plain runner, each schedule's bubble."""
+    two = spawn(_two_ranks, 2, cfg, timeout=60, deadline=600)[0]
+    step = [_median(t) for t in two["times"]]
     ms = (1, *cfg.sweep)
     speedups = [step[0] / s for s in step]
+    ideal, efficiency = zip(  # per m: the same stages alone, transfers free
+        *(
+            pp.efficiency(pp.one_f_one_b(2, mm), rounds, times)
+            for mm, rounds, times in zip(ms, two["alone"], two["times"], strict=True)
+        ),
+        strict=True,
+    )
     best = max(range(1, len(ms)), key=lambda i: speedups[i])
     m = ms[best]
+    table = [
+        dict(
+            m=mm,
+            step_ms=round(1000 * s, 3),
+            speedup=round(speedup, 3),
+            limit=round(2 * mm / (mm + 1), 3),
+            ideal_ms=round(1000 * best_case, 3),
+            efficiency=round(eff, 3),
+        )
+        for mm, s, speedup, best_case, eff in zip(
+            ms, step, speedups, ideal, efficiency, strict=True
+        )
+    ]
+    report = dict(
+        benchmark="pipeline",
+        speedup=round(speedups[best], 3),
+        m=m,
+        efficiency=table[best]["efficiency"],  # ideal / measured, at the best m
+        ideal_ms=table[best]["ideal_ms"],
+        of_limit=round(speedups[best] / (2 * m / (m + 1)), 3),
+        per_micro_batch_ms=round(1000 * pp.extra_per_micro_batch(ms, two["alone"]), 3),
+        load=[round(v, 2) for v in os.getloadavg()],
+        cpus=os.cpu_count(),
+        config=asdict(cfg),
+        table=table,
+    )
+    return {**report, **_four(cfg)} if four_ranks else report
+
+
+def _four(cfg: Config) -> dict:
+    """On 4 ranks: 1F1B's bubble against the formula, ours against torch's and the
+    plain runner, each schedule's bubble and step time."""
     four = spawn(_four_ranks, 4, cfg, timeout=60, deadline=600)[0]
     t4 = torch.tensor(four["times"])  # 1F1B, torch's, GPipe, ZB-H1, 1F1B once,
     # torch's ZB, plain 1F1B
@@ -255,20 +303,7 @@ def run(cfg: Config) -> dict:
             step_ms=round(1000 * took, 3),
             formula=round(formulas[name], 4),
         )
-    table = [
-        dict(
-            m=mm,
-            step_ms=round(1000 * s, 3),
-            speedup=round(speedup, 3),
-            limit=round(2 * mm / (mm + 1), 3),
-        )
-        for mm, s, speedup in zip(ms, step, speedups, strict=True)
-    ]
     return dict(
-        benchmark="pipeline",
-        speedup=round(speedups[best], 3),
-        m=m,
-        efficiency=round(speedups[best] / (2 * m / (m + 1)), 3),
         bubble_error=round(measured / formula - 1, 3),
         bubble_measured=round(measured, 4),
         bubble_formula=round(formula, 4),
@@ -282,23 +317,27 @@ def run(cfg: Config) -> dict:
         plain_ratio=round(plain_ratio, 3),
         plain_ms=round(1000 * _median(t4[6].tolist()), 3),
         schedules=schedules,
-        load=[round(v, 2) for v in os.getloadavg()],
-        cpus=os.cpu_count(),
-        config=asdict(cfg),
-        table=table,
     )
 
 
 def format_table(rows: list[dict]) -> str:
-    """The sweep over micro-batch counts m: step time, speed-up and its limit."""
+    """The sweep over micro-batch counts m: step time, speed-up over naive and its
+    limit 2m / (m + 1), the ideal step of the same stages and measured efficiency."""
     cells = [
-        (r["m"], f"{r['step_ms']:.2f}", f"{r['speedup']:.2f}", f"{r['limit']:.2f}")
+        (
+            r["m"],
+            f"{r['step_ms']:.2f}",
+            f"{r['speedup']:.2f}",
+            f"{r['limit']:.2f}",
+            f"{r['ideal_ms']:.2f}",
+            f"{r['efficiency']:.2f}",
+        )
         for r in rows
     ]
     return tables.aligned(
-        [("m", "step ms", "speed-up", "limit"), *cells],
-        widths=(4, 9, 9, 6),
-        align=">>>>",
+        [("m", "step ms", "speed-up", "limit", "ideal ms", "efficiency"), *cells],
+        widths=(4, 9, 9, 6, 9, 10),
+        align=">>>>>>",
     )
 
 
@@ -316,31 +355,47 @@ def main(argv: list[str]) -> int:
         metavar="SECONDS",
         help="stages sleep this long per sample instead of computing",
     )
+    parser.add_argument(
+        "--two",
+        action="store_true",
+        help="only the 2-rank sweep (speed-up, efficiency)",
+    )
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     if args.sleep:
         cfg = Config(
             **{**asdict(cfg), "sleep_per_sample": args.sleep, "sweep": tuple(cfg.sweep)}
         )
-    r = run(cfg)
+    r = run(cfg, four_ranks=not args.two)
     return common.report(
         r,
         args.json,
         lambda: [
             f"load {r['load']} on {r['cpus']} CPUs; {cfg}",
             format_table(r["table"]),
-            f"best m={r['m']}: efficiency {r['efficiency']:.2f}; 1F1B on 4 ranks: "
-            f"bubble {r['bubble_measured']:.3f} vs formula {r['bubble_formula']:.3f}; "
-            f"ours/torch {r['ratio']:.3f} (quartiles {r['ratio_quartiles']}; inputs "
-            f"agreed once: {r['inputs_once_ratio']:.3f})",
-            *(
-                f"{name:>6} on 4 ranks: bubble {row['bubble']:.3f} vs formula "
-                f"{row['formula']:.3f}, step {row['step_ms']:.1f} ms"
-                for name, row in r["schedules"].items()
-            ),
-            f"ZB-H1 / torch's ScheduleInterleavedZeroBubble: {r['zb_ratio']:.3f} "
-            f"(theirs {r['torch_zb_ms']:.1f} ms)",
-            f"plain runner / our 1F1B: {r['plain_ratio']:.3f} (plain "
-            f"{r['plain_ms']:.1f} ms)",
+            f"best m={r['m']}: efficiency {r['efficiency']:.2f} (ideal "
+            f"{r['ideal_ms']:.1f} ms of the same stages / measured); speed-up "
+            f"{r['of_limit']:.2f} of 2m / (m + 1); each extra micro-batch costs a "
+            f"stage {r['per_micro_batch_ms']:.1f} ms of compute",
+            *([] if args.two else _four_lines(r)),
         ],
     )
+
+
+def _four_lines(r: dict) -> list[str]:
+    """The 4-rank part of the text report."""
+    return [
+        f"1F1B on 4 ranks: "
+        f"bubble {r['bubble_measured']:.3f} vs formula {r['bubble_formula']:.3f}; "
+        f"ours/torch {r['ratio']:.3f} (quartiles {r['ratio_quartiles']}; inputs "
+        f"agreed once: {r['inputs_once_ratio']:.3f})",
+        *(
+            f"{name:>6} on 4 ranks: bubble {row['bubble']:.3f} vs formula "
+            f"{row['formula']:.3f}, step {row['step_ms']:.1f} ms"
+            for name, row in r["schedules"].items()
+        ),
+        f"ZB-H1 / torch's ScheduleInterleavedZeroBubble: {r['zb_ratio']:.3f} "
+        f"(theirs {r['torch_zb_ms']:.1f} ms)",
+        f"plain runner / our 1F1B: {r['plain_ratio']:.3f} (plain "
+        f"{r['plain_ms']:.1f} ms)",
+    ]

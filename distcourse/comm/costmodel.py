@@ -153,6 +153,7 @@ def fit_collective(
     sizes_bytes: Sequence[float],
     times_s: Sequence[float],
     world_size: int,
+    beta: bool = True,
 ) -> tuple[float, float]:
     """alpha and beta that make `predict(collective, ...)` fit measured times best.
 
@@ -160,6 +161,8 @@ def fit_collective(
     k(S) is the predicted time with alpha = 0 and beta = 1. A relative least-squares
     fit (each point weighted by 1/t, as in fit_alpha_beta) of the collective's own
     times, on the ranks it ran on, gives the alpha and beta of those conditions.
+    `beta=False` fits alpha alone (beta = 0): a model whose time does not grow with
+    the bytes, the wrong model a held-out check must be able to reject.
     """
     s = np.asarray(sizes_bytes, dtype=float)
     t = np.asarray(times_s, dtype=float)
@@ -167,9 +170,42 @@ def fit_collective(
         raise ValueError("need at least two (size, time) pairs of equal length")
     steps = [predict(collective, x, world_size, 1.0, 0.0).seconds for x in s]
     per_byte = [predict(collective, x, world_size, 0.0, 1.0).seconds for x in s]
-    design = np.stack([steps, per_byte], axis=1) / t[:, None]  # (points, 2)
-    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
-    return float(alpha), float(beta)
+    columns = [steps, per_byte] if beta else [steps]
+    design = np.stack(columns, axis=1) / t[:, None]  # (points, 2 or 1)
+    coef, *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    return float(coef[0]), float(coef[1]) if beta else 0.0
+
+
+def held_out(
+    collective: str,
+    sizes_bytes: Sequence[float],
+    times_s: Sequence[float],
+    world_size: int,
+    fit_at: Sequence[int],
+    check_at: Sequence[int],
+    factor: float = 3.0,
+    beta: bool = True,
+) -> tuple[float, float, str]:
+    """Fit at the sizes `fit_at`, predict those at `check_at`: (alpha, beta, verdict).
+
+    The verdict is `within_factor` of the predictions and the measured times at the
+    held-out sizes. It can fail only if the held-out sizes include one where the
+    bytes term dominates (its time several times the smallest size's), and the fit
+    includes a larger one: then a model without beta (`beta=False`) misses it.
+    """
+    if set(fit_at) & set(check_at):
+        raise ValueError(f"fit_at {list(fit_at)} and check_at {list(check_at)} overlap")
+    a, b = fit_collective(
+        collective,
+        [sizes_bytes[i] for i in fit_at],
+        [times_s[i] for i in fit_at],
+        world_size,
+        beta=beta,
+    )
+    guess = [
+        predict(collective, sizes_bytes[i], world_size, a, b).seconds for i in check_at
+    ]
+    return a, b, within_factor(guess, [times_s[i] for i in check_at], factor)
 
 
 def within_factor(

@@ -66,8 +66,9 @@ def sgd_steps(
 ) -> list[float]:
     """`steps` full-batch SGD steps with mean-squared error; the loss of each.
 
-    OneFlow's quick start trains its toy model this way. `model` may be wrapped in a
-    DDP (then x, y are this rank's share of the batch, and the loss is this rank's).
+    The ToyModel of OneFlow's global-tensor tutorial trains this way. `model` may be
+    wrapped in a DDP (then x, y are this rank's share of the batch, and the loss is
+    this rank's).
     """
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []

@@ -30,6 +30,7 @@ from distcourse.comm.autograd import (
     reduce_scatter_along,
     split_to_group,
 )
+from distcourse.comm.ledger import ring_wire_bytes
 from distcourse.global_tensor import debug
 from distcourse.global_tensor.placement import Placement
 from distcourse.global_tensor.sbp import (
@@ -136,29 +137,64 @@ def steps(src: Signature, dst: Signature) -> list[tuple[int, Signature, Signatur
     return out
 
 
+# The convention's cost of each collective on a ring of n ranks, T the bytes the
+# group holds together (chapter 6's table): what one rank puts on the wire
+FORMULAS = {
+    "all_gather": "(n-1)T/n + 8(n-1)",  # + the pieces' sizes, one int64 each
+    "reduce_scatter": "(n-1)T/n",
+    "all_reduce": "2(n-1)T/n",  # a reduce_scatter, then an all_gather
+    "all_to_all": "(n-1)T/n^2 + 8(n-1)",  # my piece T/n, less what I keep
+}
+
+
+def formula(src: SBP, dst: SBP) -> str:
+    """The wire bytes of one rank converting src to dst, as a formula ("0": a local
+    conversion, no message)."""
+    return FORMULAS.get(collective(src, dst), "0")
+
+
 def transfer_bytes(
     src: SBP, dst: SBP, shape: tuple[int, ...], n: int, item: int
 ) -> int:
-    """Bytes the rank at coordinate 0 contributes to converting a tensor of `shape`
-    (what its group holds together) from src to dst on one mesh dimension of n
-    ranks, as the Ledger counts them (a gather or all_to_all also exchanges the
-    pieces' sizes: 8 bytes).
+    """Bytes the rank at coordinate 0 puts on the wire converting a tensor of
+    `shape` (what its group holds together, T bytes) from src to dst on one mesh
+    dimension of n ranks: the book's one convention, as the Ledger counts it.
 
-    all_gather sends the longest piece (pieces are padded to it); all_reduce the whole
-    tensor; reduce_scatter (a ring) sends n - 1 blocks of the longest piece;
-    all_to_all sends everything but keeps nothing back; local conversions send none.
+    Even pieces give `formula(src, dst)`: all_gather and reduce_scatter (n-1)T/n,
+    all_reduce 2(n-1)T/n, all_to_all (n-1)/n of my piece T/n; a gather or all_to_all
+    first all-gathers the pieces' sizes (8 bytes each). Uneven pieces: all_gather
+    and our ring reduce_scatter move n - 1 blocks of the longest piece (the others
+    are padded to it); all_to_all (n-1)/n of my own piece. torch's collectives
+    (all_gather, all_reduce, all_to_all) are counted as the ring runs them
+    (comm.ledger.ring_wire_bytes); the reduce_scatter is ours, sent by p2p.
     """
     total = torch.Size(shape).numel() * item
     kind = collective(src, dst)
+    if n <= 1 or kind not in FORMULAS:
+        return 0
     if kind == "all_reduce":
-        return total
+        return ring_wire_bytes("all_reduce", total, n)
+    sizes = ring_wire_bytes("all_gather", 8, n)  # one int64 per rank
     dim = src.dim if kind == "all_gather" else getattr(dst, "dim", 0)
     longest = total // shape[dim] * piece(shape[dim], n, 0)[1] if shape[dim] else 0
     if kind == "all_gather":
-        return 8 + longest
+        return sizes + ring_wire_bytes("all_gather", longest, n)
     if kind == "reduce_scatter":
-        return (n - 1) * longest
-    if kind == "all_to_all":
-        mine = total // shape[src.dim] * piece(shape[src.dim], n, 0)[1]
-        return 8 + mine
-    return 0
+        return (n - 1) * longest  # our ring: n - 1 sends of one block
+    mine = total // shape[src.dim] * piece(shape[src.dim], n, 0)[1]
+    return sizes + ring_wire_bytes("all_to_all", mine, n)
+
+
+def cost_line(
+    src: SBP, dst: SBP, sent: int, shape: tuple[int, ...], n: int, item: int
+) -> str:
+    """Chapter 6's check of one conversion: the bytes a ledger saw rank 0 `sent`
+    against transfer_bytes, with the collective and its formula. It fails when the
+    conversion took another route (a P -> S done as all_reduce + slice sends
+    2(n-1)T/n, not (n-1)T/n)."""
+    want = transfer_bytes(src, dst, shape, n, item)
+    verdict = "PASS" if sent == want else "FAIL"
+    return (
+        f"{src!r:>4} -> {dst!r:<4} {collective(src, dst):<22} "
+        f"{formula(src, dst):<20} ledger {sent:>3} B, formula {want:>3} B {verdict}"
+    )

@@ -33,7 +33,12 @@ from distcourse.global_tensor.sbp import (
     local_shape,
     signature,
 )
-from distcourse.global_tensor.tensor import GlobalTensor, dual, rebox, watch_grad
+from distcourse.global_tensor.tensor import (
+    GlobalTensor,
+    default_grad_sbp,
+    rebox,
+    watch_grad,
+)
 
 
 def _factory(
@@ -140,13 +145,13 @@ def _logical(x: Tensor, pl: Placement, sig: Signature, what: str) -> tuple[int, 
 
 class FromLocal(torch.autograd.Function):
     """A local piece made global; the gradient comes back as the piece of the
-    global gradient boxed into `grad` (None: the dual of `sig`)."""
+    global gradient boxed into `grad` (None: default_grad_sbp(sig))."""
 
     @staticmethod
     def forward(
         ctx: Any, x: Tensor, pl: Placement, sig: Signature, grad: Signature | None
     ) -> GlobalTensor:
-        ctx.sig = dual(sig) if grad is None else grad
+        ctx.sig = default_grad_sbp(sig) if grad is None else grad
         shape = _logical(x, pl, sig, "gt.to_global")
         if grad is not None:  # every rank decides alike, from the shapes
             check_grad_fits(shape, sig, grad, pl.hierarchy, "gt.to_global")

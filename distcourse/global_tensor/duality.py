@@ -35,7 +35,7 @@ from distcourse.global_tensor.sbp import (
     local_piece,
     signature,
 )
-from distcourse.global_tensor.tensor import GlobalTensor, dual, rebox
+from distcourse.global_tensor.tensor import GlobalTensor, default_grad_sbp, rebox
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,11 @@ def conversion_cost(
     with debug() as blog, Ledger() as bl:
         (dx,) = torch.autograd.grad(y, x, dy)
     whole = rebox(dx, tuple(Broadcast() for _ in range(pl.ndim)))
-    want = dual(src_sig) if grad_sbp is None else signature(grad_sbp, pl.ndim, nd, "g")
+    want = (
+        default_grad_sbp(src_sig)
+        if grad_sbp is None
+        else signature(grad_sbp, pl.ndim, nd, "g")
+    )
     got = whole.local_tensor  # on the placement's device; _values is on the host
     ok = dx.sbp == want and torch.equal(got, _values(shape, 1).to(got.device))
     return Cost(
@@ -159,11 +163,11 @@ def gradient_signatures(module: nn.Module) -> list[tuple[str, str, str]]:
 
 def copy_to_parallel(x: GlobalTensor) -> GlobalTensor:
     """Megatron's f: the identity forward; backward, the gradient (P when the next
-    op splits its weight) is all-reduced into x's dual (P -> B)."""
-    return x.to_global(sbp=x.sbp, grad_sbp=dual(x.sbp))
+    op splits its weight) is all-reduced into B (P -> B)."""
+    return x.to_global(sbp=x.sbp, grad_sbp=default_grad_sbp(x.sbp))
 
 
 def reduce_from_parallel(y: GlobalTensor) -> GlobalTensor:
     """Megatron's g: a partial sum all-reduced forward (P -> B); backward the
     identity (the gradient arrives B and stays B)."""
-    return y.to_global(sbp=dual(y.sbp), grad_sbp=dual(y.sbp))
+    return y.to_global(sbp=default_grad_sbp(y.sbp), grad_sbp=default_grad_sbp(y.sbp))

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from distcourse.comm.ledger import ring_wire_bytes
 from distcourse.global_tensor.create import to_global, watch_grad
 from distcourse.global_tensor.placement import Placement
 from distcourse.global_tensor.sbp import (
@@ -181,16 +182,19 @@ def mlp_step_bytes(
     boxed: bool = True,
     item: int = 4,
 ) -> int:
-    """Bytes one rank sends (as the Ledger counts) in a forward and backward of an
-    MLP Linear(c, hidden) -> GELU -> Linear(hidden, c) under dp_tp_plan on a
-    dp x tp placement (dp, tp >= 2), input `rows` x c under DATA, no input gradient.
+    """Bytes one rank puts on the wire (as the Ledger counts) in a forward and
+    backward of an MLP Linear(c, hidden) -> GELU -> Linear(hidden, c) under
+    dp_tp_plan on a dp x tp placement (dp, tp >= 2), input `rows` x c under DATA,
+    no input gradient.
 
     The row layer's output is (S(0), P): one all_reduce of this rank's rows on mesh
     dim 1 when it is boxed to DATA (`boxed`); unboxed, the loss boxes it in forward
     and its backward boxes the saved P output again: two. Then each parameter's
     gradient arrives P on mesh dim 0 and is all_reduced there: proj's bias (c) and
     weight columns (c x hidden / tp), fc's weight rows and bias (hidden / tp each).
+    An all_reduce of T bytes on n ranks puts 2(n-1)T/n on the wire (the ring).
     """
-    act = rows // dp * c * item
-    grads = item * (c + 2 * c * hidden // tp + hidden // tp)
-    return act * (1 if boxed else 2) + grads
+    act = ring_wire_bytes("all_reduce", rows // dp * c * item, tp)
+    grads = [c, c * hidden // tp, c * hidden // tp, hidden // tp]
+    sent = sum(ring_wire_bytes("all_reduce", g * item, dp) for g in grads)
+    return act * (1 if boxed else 2) + sent

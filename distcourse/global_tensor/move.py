@@ -38,7 +38,7 @@ from distcourse.global_tensor.sbp import (
     numel,
     signature,
 )
-from distcourse.global_tensor.tensor import GlobalTensor, dual
+from distcourse.global_tensor.tensor import GlobalTensor, default_grad_sbp
 
 HEADER_BYTES = HEADER_LEN * 8  # one int64 header (sender) or ack (receiver)
 
@@ -191,7 +191,7 @@ def to_placement(
         )
     sig = x.sbp if sbp is None else signature(sbp, q.ndim, x.dim(), what)
     grad = (
-        dual(x.sbp)
+        default_grad_sbp(x.sbp)
         if grad_sbp is None
         else signature(grad_sbp, p.ndim, x.dim(), "grad_sbp")
     )

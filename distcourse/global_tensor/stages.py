@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from distcourse.comm.ledger import ring_wire_bytes
 from distcourse.comm.p2p import HEADER_LEN
 from distcourse.global_tensor.layouts import (
     DATA,
@@ -178,26 +179,28 @@ def pipeline_mlp_bytes(
     micro_batches: int,
     item: int = 4,
 ) -> int:
-    """Bytes one rank of `stage` sends in a Stages.step of MLP stages (each under
-    dp_tp_plan on a dp x tp placement), as the Ledger counts them.
+    """Bytes one rank of `stage` puts on the wire in a Stages.step of MLP stages
+    (each under dp_tp_plan on a dp x tp placement), as the Ledger counts them.
 
     Per micro-batch, with a = this rank's piece of the activation (rows / m / dp
-    rows of c) and h = a p2p header or ack (80 bytes):
+    rows of c), h = a p2p header or ack (80 bytes), g(t) = an all_gather on mesh
+    dim 0 of t bytes a rank ((dp - 1)t on the wire) and r(t) = an all_reduce on mesh
+    dim 1 (2(tp - 1)t / tp):
       every stage   mlp_step_bytes: the row layer's all_reduce, the gradients'
-      sending on    the move: all_gather on mesh dim 0 (8 + a), the send (h + a);
+      sending on    the move: g(8) + g(a) (sizes, then pieces), the send (h + a);
                     in backward, the ack of the gradient's receive (h)
       receiving     the ack of the activation's receive (h); in backward, the input
-                    gradient's P -> B (a: Megatron's f), all_gather (8 + a), send
-                    (h + a)
-      the last      the loss's all_reduce for `.item()` (item bytes)
+                    gradient's P -> B (r(a): Megatron's f), g(8) + g(a), send (h + a)
+      the last      the loss's all_reduce for `.item()` (item bytes, on mesh dim 0)
     """
     m, h = micro_batches, HEADER_LEN * 8
     a = rows // m // dp * c * item
+    gather = ring_wire_bytes("all_gather", 8, dp) + ring_wire_bytes("all_gather", a, dp)
     total = mlp_step_bytes(rows // m, c, hidden, dp, tp, item=item)
     if stage < stages - 1:
-        total += 8 + a + h + a + h
+        total += gather + h + a + h
     if stage > 0:
-        total += h + a + 8 + a + h + a
+        total += h + ring_wire_bytes("all_reduce", a, tp) + gather + h + a
     if stage == stages - 1:
-        total += item
+        total += ring_wire_bytes("all_reduce", item, dp)
     return m * total

@@ -40,8 +40,10 @@ from distcourse.global_tensor.sbp import (
 )
 
 
-def dual(sig: Signature) -> Signature:
-    """The gradient's default signature: the same, with P replaced by B."""
+def default_grad_sbp(sig: Signature) -> Signature:
+    """The signature a gradient leaves with when no grad_sbp is given: the tensor's
+    own, with P replaced by B (a `.grad` must be whole where its tensor is not
+    split). Not the signature a gradient arrives with (duality.arrives_as)."""
     return tuple(Broadcast() if isinstance(s, PartialSum) else s for s in sig)
 
 
@@ -201,7 +203,7 @@ class GlobalTensor(Tensor):
 
 def _grad_signature(x: GlobalTensor, grad_sbp: Any, sig: Signature) -> Signature:
     if grad_sbp is None:
-        return dual(sig)
+        return default_grad_sbp(sig)
     return signature(grad_sbp, x.placement.ndim, x.dim(), "grad_sbp")
 
 
@@ -211,7 +213,7 @@ def watch_grad(t: GlobalTensor) -> None:
     if getattr(t, "_watched", False):
         return
     t._watched = True
-    target = dual(t.sbp)
+    target = default_grad_sbp(t.sbp)
 
     def hook(g: Tensor) -> Tensor:
         if not isinstance(g, GlobalTensor) or g.sbp == target:

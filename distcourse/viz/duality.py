@@ -1,8 +1,11 @@
 """Figures of forward and backward: what each conversion sends both ways.
 
 `conversion_bytes` draws rows measured by global_tensor.duality.conversion_table:
-per conversion, the bytes this rank sent forward and backward, each bar labelled
-with the collective that ran. Any objects with the fields of duality.Cost will do.
+per conversion, the wire bytes this rank sent forward and backward (chapter 2's
+convention, as the ledger counts them), each bar labelled with the collective that
+ran and its formula (boxing.FORMULAS), so that a reduce_scatter and an all_gather
+show the same (n-1)T/n and an all_reduce the two together. Any objects with the
+fields of duality.Cost will do.
 """
 
 from __future__ import annotations
@@ -13,7 +16,14 @@ from typing import Any
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from distcourse.global_tensor.boxing import FORMULAS
 from distcourse.viz.common import finish
+
+
+def with_formulas(collectives: str) -> str:
+    """'reduce_scatter + all_reduce' -> each collective followed by its formula."""
+    parts = collectives.split(" + ")
+    return " + ".join(f"{c} {FORMULAS[c]}" if c in FORMULAS else c for c in parts)
 
 
 def conversion_bytes(costs: Sequence[Any], title: str = "") -> Figure:
@@ -43,19 +53,19 @@ def conversion_bytes(costs: Sequence[Any], title: str = "") -> Figure:
         ax.text(
             c.forward_bytes + top * 0.01,
             y + 0.18,
-            f"{c.forward}",
+            with_formulas(c.forward),
             va="center",
             fontsize=8,
         )
         ax.text(
             c.backward_bytes + top * 0.01,
             y - 0.18,
-            f"dy {c.arrives} -> {c.grad}: {c.backward}",
+            f"dy {c.arrives} -> {c.grad}: {with_formulas(c.backward)}",
             va="center",
             fontsize=8,
         )
     ax.set_yticks(range(len(costs)), list(reversed(names)))
-    ax.set_xlim(0, top * 1.9)
-    ax.set_xlabel("bytes sent by one rank")
+    ax.set_xlim(0, top * 2.3)
+    ax.set_xlabel("wire bytes of one rank (T: the tensor's bytes, n: ranks)")
     ax.legend(loc="lower right")
     return finish(fig, ax, title)

@@ -1,7 +1,9 @@
 """Tensor parallelism on the suite's device: the column and row parallel linears and
 the MLP block (with and without sequence parallelism), split over every world size the
 box allows, equal one process on the same device: the output, the input's gradient
-and every parameter's gradient (parallel.tensor.differences, relative to the values)."""
+and every parameter's gradient (parallel.tensor.differences, relative to the values);
+and a block's activation memory, measured with saved-tensor hooks on the device, equal
+to the formula (whose CUDA attention term is read from torch's shape functions)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ from gpu_suite import TOL, run
 from torch import nn
 
 from distcourse import runtime
-from distcourse.examples.gpt import MLP
+from distcourse.examples.gpt import MLP, Block, GPTConfig
 from distcourse.parallel.tensor import (
     ColumnParallelLinear,
     ParallelMLP,
     RowParallelLinear,
+    block_memory,
     differences,
+    parallelize_block,
 )
 
 B, T, H = 2, 8, 16  # T divides into 1, 2 or 4 sequence-parallel pieces
@@ -62,3 +66,21 @@ def _against_one_process() -> dict[str, float]:
 def test_tensor_parallel_layers_and_mlp_equal_one_process(world: int) -> None:
     for rank, found in enumerate(run(_against_one_process, world)):
         assert len(found) >= 18 and max(found.values()) <= TOL, (rank, found)
+
+
+def _block_memory() -> list[tuple[dict[str, int], dict[str, int]]]:
+    device = runtime.device()
+    torch.manual_seed(0)
+    block = Block(GPTConfig(n_embd=H, n_head=4)).to(device)
+    x = torch.randn(B, T, H).to(device)
+    pairs = [block_memory(block, block, x)]
+    for sp in (False, True):
+        twin = parallelize_block(block, sequence_parallel=sp)
+        pairs.append(block_memory(block, twin, x, sequence_parallel=sp))
+    return pairs
+
+
+def test_block_activation_memory_equals_the_formula(world: int) -> None:
+    for rank, pairs in enumerate(run(_block_memory, world)):
+        for measured, formula in pairs:
+            assert measured == formula, (rank, measured, formula)

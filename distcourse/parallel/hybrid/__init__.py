@@ -7,10 +7,15 @@
 
 layout: degrees, every layout of N ranks, the checks; stages: the GPT as a chain
 cut into stages and split by TP; runner: HybridGPT (the step); cost: bytes per
-axis per step and memory per rank, by formula; check: a layout against one process.
+axis per step and memory per rank, by formula; check: a layout against one
+process (`against_one_process`) and the lines that say so (`verdicts`).
 """
 
-from distcourse.parallel.hybrid.check import against_one_process
+from distcourse.parallel.hybrid.check import (
+    against_one_process,
+    bytes_line,
+    verdicts,
+)
 from distcourse.parallel.hybrid.cost import (
     bytes_per_step,
     memory_per_rank,
@@ -36,6 +41,7 @@ __all__ = [
     "against_one_process",
     "as_chain",
     "bounds",
+    "bytes_line",
     "bytes_per_step",
     "check",
     "layouts",
@@ -44,4 +50,5 @@ __all__ = [
     "parallelize_stage",
     "parameters_held",
     "stages",
+    "verdicts",
 ]

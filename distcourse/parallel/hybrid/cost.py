@@ -1,5 +1,9 @@
 """What a layout costs, by formula: bytes each axis sends per step, parameters held.
 
+Bytes follow the book's one convention (chapter 2): what crosses the wire per rank
+for the algorithm that runs; an all-reduce of T bytes over a ring of n ranks sends
+2 (n - 1) / n x T per rank, a point-to-point message its own size.
+
 float32 throughout (4 bytes). For a whole batch of B sequences of T tokens, width C,
 vocabulary V, L blocks, on a rank of pipeline stage s (of pp) in a layout
 dp x pp x tp, with b = B / dp sequences in its share and A = 4 b T C the bytes of
@@ -9,21 +13,27 @@ one activation of the share (summed over micro-batches):
         after the MLP) and one in backward (f, before each): 4 A per block; stage 0
         adds the vocabulary-parallel embedding's forward all-reduce (A), the last
         stage the head's f (A) and the loss's max and (sum, target) all-reduces
-        (3 x 4 b T);
+        (3 x 4 b T); all of it times 2 (tp - 1) / tp on the wire;
     pp: stage s sends its activations forward unless it is last (A) and its input
         gradients back unless it is first (A);
-    dp: the all-reduce of every gradient this rank holds: 4 x its parameters.
-
-The ledger counts what a rank contributes to a collective (its tensor), not what
-the ring puts on the wire: that is 2 (N - 1) / N times as much (chapter 2).
+    dp: the all-reduce of every gradient this rank holds: 4 x its parameters,
+        times 2 (dp - 1) / dp on the wire.
 """
 
 from __future__ import annotations
 
+from distcourse.comm.ledger import ring_wire_bytes
 from distcourse.examples.gpt import GPTConfig
 from distcourse.parallel.hybrid.layout import Layout
 
 FLOAT = 4  # bytes
+
+
+def ring_all_reduce(nbytes: int, n: int) -> int:
+    """Bytes one rank puts on the wire for an all-reduce of `nbytes` over a ring of
+    `n` ranks: 2 (n - 1) / n of them (reduce-scatter, then all-gather), as the
+    ledger counts it."""
+    return ring_wire_bytes("all_reduce", nbytes, n)
 
 
 def parameters_held(layout: Layout, cfg: GPTConfig, stage: int) -> int:
@@ -45,19 +55,17 @@ def parameters_held(layout: Layout, cfg: GPTConfig, stage: int) -> int:
 def bytes_per_step(
     layout: Layout, cfg: GPTConfig, batch: int, stage: int
 ) -> dict[str, int]:
-    """Bytes a rank of pipeline stage `stage` sends per step along each axis."""
+    """Wire bytes a rank of pipeline stage `stage` sends per step along each axis."""
     b, T, C = batch // layout.dp, cfg.block_size, cfg.n_embd
     A = FLOAT * b * T * C
     first, last = stage == 0, stage == layout.pp - 1
     blocks = cfg.n_layer // layout.pp
-    tp = A * (4 * blocks + first + last) + 3 * FLOAT * b * T * last
-    pp = A * ((not last) + (not first))
-    dp = FLOAT * parameters_held(layout, cfg, stage)
-    return dict(
-        dp=dp if layout.dp > 1 else 0,
-        pp=pp if layout.pp > 1 else 0,
-        tp=tp if layout.tp > 1 else 0,
-    )
+    # each tp all-reduce is a separate call: the ring share of each, summed
+    tp = (4 * blocks + first + last) * ring_all_reduce(A, layout.tp)
+    tp += 3 * last * ring_all_reduce(FLOAT * b * T, layout.tp)
+    pp = A * ((not last) + (not first)) if layout.pp > 1 else 0
+    dp = ring_all_reduce(FLOAT * parameters_held(layout, cfg, stage), layout.dp)
+    return dict(dp=dp, pp=pp, tp=tp)
 
 
 def memory_per_rank(layout: Layout, cfg: GPTConfig, stage: int) -> int:

@@ -12,7 +12,8 @@ layers). A step:
    only (TP partners hold different slices; stages different layers), in chapter
    3's buckets (`parallel.buckets`: one flat buffer and one all-reduce per ~25 MB,
    as DDP sends them), all launched before any is awaited;
-4. AdamW on the parameters this rank holds.
+4. the optimizer (AdamW, or plain SGD for checks: `OPTIMIZERS`) on the parameters
+   this rank holds.
 
 Each replica's loss is the mean over its share and the shares are equal, so the
 averaged gradient is the whole batch's: one process's training, to rounding.
@@ -44,6 +45,11 @@ from distcourse.parallel.pipeline import ActivationMeter, Pipeline, one_f_one_b
 from distcourse.parallel.tensor import vocab_parallel_cross_entropy
 
 BUCKET_MB = 25  # torch DDP's default bucket_cap_mb
+# AdamW trains; SGD checks: AdamW's step hides a constant gradient scale (check.py)
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "adamw": torch.optim.AdamW,
+    "sgd": torch.optim.SGD,
+}
 
 
 class HybridGPT:
@@ -55,6 +61,7 @@ class HybridGPT:
     `micro_batches` per step feed the pipeline (1F1B). `ledger` on `step` records
     the bytes each axis sent in that step (in `self.bytes`). `check=False` skips
     the TP layers' shape agreement before each forward (one small all_gather each).
+    `optimizer` names one of `OPTIMIZERS` ("adamw" or "sgd"), stepped with `lr`.
     """
 
     def __init__(
@@ -64,9 +71,12 @@ class HybridGPT:
         *,
         micro_batches: int = 1,
         lr: float = 1e-2,
+        optimizer: str = "adamw",
         timeout: float = runtime.DEFAULT_TIMEOUT,
         check: bool = True,
     ) -> None:
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer={optimizer!r}: use one of {list(OPTIMIZERS)}")
         if mesh.names != AXES:
             raise ValueError(f"a hybrid mesh has axes {AXES}, got {mesh.names}")
         self.layout = Layout(*mesh.shape)
@@ -104,7 +114,8 @@ class HybridGPT:
             self.meter = self.pipe.meter
         else:
             self.meter = ActivationMeter([mine])
-        self.optimizer = torch.optim.AdamW(mine.parameters(), lr=lr)
+        self.optimizer = OPTIMIZERS[optimizer](mine.parameters(), lr=lr)
+        self.moments = 2 if optimizer == "adamw" else 0  # state tensors per parameter
         params = list(mine.parameters())
         groups = assign_buckets(params, int(BUCKET_MB * 2**20))
         self.buckets = [
@@ -143,19 +154,21 @@ class HybridGPT:
             loss = self._forward_backward(x, y)
         with sync if ledger else nullcontext():
             if self.layout.dp > 1:
-                self._average_gradients()
+                self.average_gradients()
         if ledger:
             self.bytes = dict(
                 dp=sync.bytes_sent("all_reduce"),
-                pp=sum(r.bytes for r in inside.records if r.kind == "send"),
+                pp=sum(r.wire for r in inside.records if r.kind == "send"),
                 tp=inside.bytes_sent("all_reduce"),
             )
         self.optimizer.step()
         return self._mean_loss(loss)
 
-    def _average_gradients(self) -> None:
+    def average_gradients(self) -> None:
         """Each gradient / dp into its bucket; every bucket's all-reduce launched over
-        the dp group, in the same order on every rank; then the sums copied back."""
+        the dp group, in the same order on every rank; then the sums copied back.
+        Called by `step` after the last micro-batch when dp > 1 (a subclass that
+        changes it plants a fault for the negative controls)."""
         dp = self.mesh.group("dp")
         for bucket in self.buckets:
             for slot, param in enumerate(bucket.params):
@@ -184,14 +197,31 @@ class HybridGPT:
         group gathers the slices: every rank calls it)."""
         return one_process_state(self.module, self.first_layer, self.cfg.n_layer)
 
+    def one_process_grads(self) -> dict[str, Tensor]:
+        """The gradients of this rank's stage as `one_process_state` gives the
+        parameters: whole tensors under TinyGPT's names (a collective over the tp
+        group). Read after a `step`, they are that step's averaged gradients."""
+        params = list(self.module.parameters())
+        saved = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p in params:
+                p.copy_(p.grad if p.grad is not None else torch.zeros_like(p))
+        try:
+            return {k: v.clone() for k, v in self.one_process_state().items()}
+        finally:
+            with torch.no_grad():
+                for p, value in zip(params, saved, strict=True):
+                    p.copy_(value)
+
     def held(self) -> dict[str, int]:
-        """Bytes this rank holds after a step: parameters, gradients, AdamW's two
-        states, and the activations kept for backward at the step's peak."""
+        """Bytes this rank holds after a step: parameters, gradients, the
+        optimizer's state (AdamW's two moments; none for plain SGD), and the
+        activations kept for backward at the step's peak."""
         params = sum(p.numel() * p.element_size() for p in self.module.parameters())
         return dict(
             params=params,
             grads=params,
-            optimizer=2 * params,
+            optimizer=self.moments * params,
             activations=self.meter.peak,
         )
 

@@ -34,7 +34,19 @@ from distcourse.parallel.pipeline.split import (
     split_balanced,
     split_by_count,
 )
-from distcourse.parallel.pipeline.stats import ActivationMeter, bubble, parse
+from distcourse.parallel.pipeline.stats import (
+    ActivationMeter,
+    StageTimer,
+    bubble,
+    efficiency,
+    extra_per_micro_batch,
+    faster_than_naive,
+    held_as_predicted,
+    ideal_step,
+    micro_batch_cost,
+    parse,
+    stage_times,
+)
 from distcourse.parallel.pipeline.zero_bubble import backward_input, zb_h1, zb_h1_bubble
 
 __all__ = [
@@ -43,13 +55,20 @@ __all__ = [
     "Pipeline",
     "PlainPipeline",
     "Schedule",
+    "StageTimer",
     "balance",
     "bubble",
     "bubble_formula",
     "check",
+    "efficiency",
+    "extra_per_micro_batch",
+    "faster_than_naive",
+    "held_as_predicted",
+    "ideal_step",
     "gpipe",
     "in_flight",
     "interleaved",
+    "micro_batch_cost",
     "layer_times",
     "one_f_one_b",
     "parse",
@@ -57,6 +76,7 @@ __all__ = [
     "split_at",
     "split_balanced",
     "split_by_count",
+    "stage_times",
     "transfers",
     "backward_input",
     "zb_h1",

@@ -14,6 +14,7 @@ on both (the runner's channels need that, or they would wait for each other).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from distcourse.arguments import positive_int
@@ -93,23 +94,32 @@ def one_f_one_b(p: int, m: int) -> Schedule:
 
 
 def interleaved(p: int, m: int, v: int) -> Schedule:
-    """Interleaved 1F1B (Megatron-LM): v stages per rank, micro-batches in groups of
-    p; the bubble shrinks by v. Needs m to be a multiple of p (m >= p)."""
+    """Interleaved 1F1B (Megatron-LM): v stages per rank; the bubble shrinks by v.
+
+    Micro-batches run in rounds of g: each rank runs g forwards of its first stage,
+    then g of its second, and so on. Megatron-LM's paper takes g = p, so m must be
+    a multiple of p; like torch's ScheduleInterleaved1F1B, this takes any m that
+    splits into max(1, m // p) equal rounds (g = m when m < p): 6 or 10 on 4 ranks,
+    not 9. `check` and `simulate` prove each such schedule free of deadlock."""
     _check_sizes("interleaved 1F1B", p, m, v)
-    if m % p:
+    rounds = max(1, m // p)
+    if m % rounds:
         raise ValueError(
-            f"interleaved 1F1B runs micro-batches in groups of the {p} ranks: "
-            f"micro_batches={m} is not a multiple of {p}"
+            f"interleaved 1F1B runs micro-batches in m // p = {rounds} equal rounds: "
+            f"micro_batches={m} does not split into {rounds} on {p} ranks (take m "
+            f"below {p}, or a multiple of {rounds}; torch's ScheduleInterleaved1F1B "
+            "has the same rule)"
         )
+    g = m // rounds  # micro-batches per round
     total = m * v  # (stage, micro-batch) pairs per rank
 
     def unit(k: int, backward: bool) -> tuple[int, int]:  # (chunk, micro-batch)
-        chunk = (k // p) % v
-        return (v - 1 - chunk if backward else chunk), (k // (p * v)) * p + k % p
+        chunk = (k // g) % v
+        return (v - 1 - chunk if backward else chunk), (k // (g * v)) * g + k % g
 
     acts = []
     for r in range(p):
-        warm = total if m == p else min((p - r - 1) * 2 + (v - 1) * p, total)
+        warm = total if m == p else min((p - r - 1) * 2 + (v - 1) * g, total)
         order = [("F", k) for k in range(warm)]
         for i in range(total - warm):
             order += [("F", warm + i), ("B", i)]
@@ -204,18 +214,24 @@ def bubble_formula(p: int, m: int, v: int = 1) -> float:
 
 
 def simulate(
-    schedule: Schedule, forward: float = 1.0, backward: float = 2.0
+    schedule: Schedule,
+    forward: float | Sequence[float] = 1.0,
+    backward: float | Sequence[float] = 2.0,
 ) -> list[list[tuple[Action, float, float]]]:
     """Run the schedule on paper: per rank, (action, start, end) with these stage
-    times and free, instant transfers (a split backward: half in B, half in W).
-    ValueError if the ranks would wait for each other forever. Gives the bubble a
-    perfect machine would have."""
+    times (one for all stages, or one per stage) and free, instant transfers (a
+    split backward: half in B, half in W). ValueError if the ranks would wait for
+    each other forever. Gives the bubble a perfect machine would have, and with
+    measured stage times the step an ideal pipeline of those stages would take."""
     last, p = schedule.stages - 1, schedule.ranks
-    took = {
-        "F": forward,
-        "B": backward / 2 if schedule.split else backward,
-        "W": backward / 2,
-    }
+    fw, bw = (
+        [float(t)] * schedule.stages if isinstance(t, int | float) else list(t)
+        for t in (forward, backward)
+    )
+    if len(fw) != schedule.stages or len(bw) != schedule.stages:
+        raise ValueError(f"stage times for {schedule.stages} stages, one each")
+    half = 0.5 if schedule.split else 1.0
+    took = {"F": fw, "B": [half * t for t in bw], "W": [t / 2 for t in bw]}
     done: dict[tuple[str, int, int], float] = {}  # (kind, stage, micro) -> end
     clock, pos = [0.0] * p, [0] * p
     out: list[list[tuple[Action, float, float]]] = [[] for _ in range(p)]
@@ -232,7 +248,7 @@ def simulate(
                 if any(n not in done for n in need):
                     break
                 start = max([clock[r]] + [done[n] for n in need])
-                clock[r] = start + took[a.kind]
+                clock[r] = start + took[a.kind][a.stage]
                 done[(a.kind, a.stage, a.micro)] = clock[r]
                 out[r].append((a, start, clock[r]))
                 pos[r], moved = pos[r] + 1, True

@@ -8,7 +8,12 @@
 - `compare`: differences (outputs and every gradient against one process),
   gradient_differences (against another split, e.g. torch's DTensor one);
 - `model`: parallelize_gpt / parallelize_block (a one-process model's exact twin),
-  full state dicts and checkpoints that load on any number of ranks.
+  full state dicts and checkpoints that load on any number of ranks;
+- `cost`: wire bytes per sub-layer by formula (sublayer_wire_bytes) and by ledger
+  (step_ledger);
+- `memory`: a block's activation memory, measured with saved-tensor hooks
+  (block_memory, saved_activation_bytes) and by formula (block_activation_bytes,
+  korthikanti_bytes).
 """
 
 from distcourse.parallel.tensor.blocks import (
@@ -22,7 +27,14 @@ from distcourse.parallel.tensor.compare import (
     gradient_differences,
     shard_of,
 )
+from distcourse.parallel.tensor.cost import step_ledger, sublayer_wire_bytes
 from distcourse.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
+from distcourse.parallel.tensor.memory import (
+    block_activation_bytes,
+    block_memory,
+    korthikanti_bytes,
+    saved_activation_bytes,
+)
 from distcourse.parallel.tensor.model import (
     full_state_dict,
     load_checkpoint,
@@ -44,14 +56,20 @@ __all__ = [
     "SequenceParallelLayerNorm",
     "SequenceParallelPositions",
     "VocabParallelEmbedding",
+    "block_activation_bytes",
+    "block_memory",
     "differences",
     "full_state_dict",
     "gradient_differences",
+    "korthikanti_bytes",
     "load_checkpoint",
     "load_full_state_dict",
     "parallelize_block",
     "parallelize_gpt",
     "save_checkpoint",
+    "saved_activation_bytes",
     "shard_of",
+    "step_ledger",
+    "sublayer_wire_bytes",
     "vocab_parallel_cross_entropy",
 ]

@@ -1,0 +1,64 @@
+"""A block's activation memory: saved-tensor hooks measure exactly what the formula
+of `parallel.tensor.memory` says, on one process and on real gloo ranks with tensor
+parallelism, with and without sequence parallelism; bad sizes are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distcourse.examples.gpt import Block, GPTConfig
+from distcourse.launch import spawn
+from distcourse.parallel.tensor import (
+    block_activation_bytes,
+    block_memory,
+    korthikanti_bytes,
+    parallelize_block,
+)
+
+B, T, H, HEADS = 2, 8, 16, 4
+
+
+def _block() -> tuple[Block, torch.Tensor]:
+    torch.manual_seed(0)  # the same block and input on every rank
+    return Block(GPTConfig(n_embd=H, n_head=HEADS)), torch.randn(B, T, H)
+
+
+def test_one_process_keeps_16h_plus_a_plus_4_values_per_token() -> None:
+    block, x = _block()
+    measured, formula = block_memory(block, block, x)
+    assert measured == formula
+    assert sum(formula.values()) == B * T * (16 * H + HEADS + 4) * 4
+
+
+def _on_ranks() -> list[tuple[dict[str, int], dict[str, int]]]:
+    block, x = _block()
+    pairs = []
+    for sp in (False, True):
+        twin = parallelize_block(block, sequence_parallel=sp)
+        pairs.append(block_memory(block, twin, x, sequence_parallel=sp))
+    return pairs
+
+
+def test_tensor_and_sequence_parallel_measure_the_formula_on_real_ranks() -> None:
+    for rank, pairs in enumerate(spawn(_on_ranks, 2, timeout=20)):
+        for measured, formula in pairs:
+            assert measured == formula, (rank, measured, formula)
+    (tp, _), (sp, _) = pairs
+    one = block_activation_bytes(B, T, H, HEADS)
+    assert tp["ln1"] == one["ln1"] and sp["ln1"] == one["ln1"] // 2  # norms split
+    assert sp["mlp"] == tp["mlp"] < one["mlp"]  # the gathered input stays whole
+
+
+def test_the_formula_refuses_sizes_that_do_not_split() -> None:
+    with pytest.raises(ValueError, match="heads=4 is not divisible"):
+        block_activation_bytes(B, T, H, 4, 3)
+    with pytest.raises(ValueError, match="seq=7 is not divisible"):
+        block_activation_bytes(B, 7, H, 4, 2, sequence_parallel=True)
+
+
+def test_korthikanti_divides_everything_by_t_with_sequence_parallelism() -> None:
+    s, b, h, a = 2048, 1, 12288, 96
+    alone = korthikanti_bytes(b, s, h, a)
+    assert alone == s * b * h * (34 + 5 * a * s / h)
+    assert korthikanti_bytes(b, s, h, a, 8, sp=True) == pytest.approx(alone / 8)
