@@ -23,11 +23,13 @@ Measured, torch 2.11.0 against 2.14.1 (CPU, gloo):
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+from torch import Tensor
 
 # The versions `pip install distcourse` accepts, and the two `make test` and
 # `make test-compat` run the unit tests on. The upper bound is the newest version
@@ -80,3 +82,29 @@ def set_group_timeout(group: dist.ProcessGroup, timeout: timedelta) -> None:
         setter(timeout, group)
     else:
         group.set_timeout(timeout)
+
+
+def all_gather_tensor(output: Tensor, input: Tensor, group: Any = None) -> None:
+    """All-gather `input` from every rank into `output`, rank by rank along dim 0.
+
+    `dist.all_gather_single` where torch has it (2.14 deprecates
+    `all_gather_into_tensor` with a FutureWarning, which would print in chapter
+    outputs); before that `all_gather_into_tensor`. Looked up at call time, so a
+    `Ledger` active around the call records it.
+    """
+    gather = getattr(dist, "all_gather_single", None)  # a missing name on 2.11
+    if gather is None:
+        gather = dist.all_gather_into_tensor
+    gather(output, input, group=group)
+
+
+def reduce_scatter_tensor(output: Tensor, input: Tensor, group: Any = None) -> None:
+    """Sum `input` over the ranks and keep this rank's piece in `output`.
+
+    `dist.reduce_scatter_single` where torch has it, else `reduce_scatter_tensor`:
+    as `all_gather_tensor`.
+    """
+    scatter = getattr(dist, "reduce_scatter_single", None)
+    if scatter is None:
+        scatter = dist.reduce_scatter_tensor
+    scatter(output, input, group=group)

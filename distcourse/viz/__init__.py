@@ -1,12 +1,14 @@
 """Figures for the book, one module per kind: `tensors` (values and where their pieces
 live), `timing` (costs, timelines, Gantt charts), `duality` (what a conversion
 sends forward and backward), `mesh` (ranks on a device mesh, their groups per axis,
-bytes per axis, costs per layout). Every function returns a matplotlib Figure and
-never calls plt.show().
+bytes per axis, costs per layout), `sharding` (who holds which model state under
+ZeRO's stages; memory held against bytes sent). Every function returns a
+matplotlib Figure and never calls plt.show().
 """
 
 from distcourse.viz.duality import conversion_bytes
 from distcourse.viz.mesh import axis_bytes, layout_costs, mesh_groups
+from distcourse.viz.sharding import memory_for_communication, who_holds
 from distcourse.viz.tensors import rank_tensors, sbp_pieces, tp_layout
 from distcourse.viz.timing import cost_plot, gantt, hidden_sweep, timeline
 
@@ -17,9 +19,11 @@ __all__ = [
     "gantt",
     "hidden_sweep",
     "layout_costs",
+    "memory_for_communication",
     "mesh_groups",
     "rank_tensors",
     "sbp_pieces",
     "timeline",
     "tp_layout",
+    "who_holds",
 ]

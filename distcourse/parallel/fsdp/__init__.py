@@ -1,0 +1,27 @@
+"""FSDP (ZeRO stage 3) from scratch: parameters, gradients and optimizer state sharded.
+
+Read `api.py` first (`fully_shard`, `full_state_dict`: FSDP2's calls), then `unit.py`
+(what one unit does around forward and backward) and `layout.py` (torch.chunk's
+dim-0 pieces, padded).
+"""
+
+from distcourse.parallel.fsdp.api import (
+    full_state_dict,
+    fully_shard,
+    load_full_state_dict,
+    step_bytes,
+    units,
+)
+from distcourse.parallel.fsdp.layout import Piece, pieces
+from distcourse.parallel.fsdp.unit import Unit
+
+__all__ = [
+    "Piece",
+    "Unit",
+    "full_state_dict",
+    "fully_shard",
+    "load_full_state_dict",
+    "pieces",
+    "step_bytes",
+    "units",
+]

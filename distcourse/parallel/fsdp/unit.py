@@ -1,0 +1,189 @@
+"""One FSDP unit: a module's parameters sharded, gathered to run, scattered back.
+
+`Unit` holds, for one `fully_shard`ed module, this rank's pieces (registered on the
+modules in place of the full parameters, so an optimizer on `model.parameters()` sees
+only pieces) and one flat buffer for the full parameters, allocated while they are
+needed and freed after:
+
+- before forward: all-gather every piece (one collective), copy the rows into the
+  buffer, and let the modules see full tensors (leaves of autograd, views of it);
+- after forward: the modules see their pieces again; with `reshard_after_forward`
+  the buffer's storage is freed (autograd keeps the views, not the bytes);
+- before backward (a hook on the unit's outputs): gather again into the same
+  storage, so the tensors autograd saved hold the values once more;
+- when every full tensor has its gradient: one reduce-scatter of the padded
+  gradients, divided by N, adds each rank's rows to its piece's `.grad`; the buffer
+  is freed.
+
+Chapter 6's notation: a parameter is S(0); gathering makes it B to be used; its
+gradient arrives P (each rank's batch contributes) and is reduce-scattered to S(0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.autograd.graph import register_multi_grad_hook
+
+from distcourse import torchcompat
+from distcourse.parallel.fsdp.layout import Piece, pieces
+
+
+class Unit:
+    """The sharded parameters of one module (those of inner units excluded)."""
+
+    def __init__(
+        self,
+        owners: list[tuple[nn.Module, str]],
+        group: Any,
+        reshard_after_forward: bool,
+    ) -> None:
+        self.owners = owners  # (module, attribute name) of each parameter
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.reshard_after_forward = reshard_after_forward
+        full = [getattr(m, name) for m, name in owners]
+        self.pieces = pieces([p.shape for p in full], self.world, self.rank)
+        self.width = sum(p.padded for p in self.pieces)  # elements of one segment
+        self.dtype, self.device = full[0].dtype, full[0].device
+        self.sharded = [
+            nn.Parameter(piece.cut(p), requires_grad=p.requires_grad)
+            for piece, p in zip(self.pieces, full, strict=True)
+        ]
+        for (module, name), shard in zip(owners, self.sharded, strict=True):
+            module._parameters[name] = shard
+        self.buffer = torch.empty(
+            self.world * self.width, dtype=self.dtype, device=self.device
+        )
+        self.full = [
+            self._leaf(piece, start, shard.requires_grad)
+            for (piece, start), shard in zip(self._blocks(), self.sharded, strict=True)
+        ]
+        self.free()
+        self.arrived = 0
+        for leaf in self.full:
+            if leaf.requires_grad:
+                leaf.register_post_accumulate_grad_hook(self._on_gradient)
+
+    # ---------------------------------------------------- the full parameters --
+
+    def _blocks(self) -> Iterator[tuple[Piece, int]]:
+        """Each piece with where its full padded block starts in the buffer."""
+        start = 0
+        for piece in self.pieces:
+            yield piece, start
+            start += self.world * piece.padded
+
+    def _leaf(self, piece: Piece, start: int, requires_grad: bool) -> Tensor:
+        """A full parameter: a view of the buffer with its own version counter, so
+        refilling the buffer before backward does not trip autograd's check."""
+        leaf = torch.empty(0, dtype=self.dtype, device=self.device)
+        stride = torch.empty(piece.shape).stride()
+        leaf.set_(self.buffer.untyped_storage(), start, piece.shape, stride)
+        return leaf.requires_grad_(requires_grad)
+
+    @property
+    def gathered(self) -> bool:
+        """Whether the full parameters hold their values now."""
+        return self.buffer.untyped_storage().nbytes() > 0
+
+    def unshard(self) -> None:
+        """All-gather the pieces into the buffer (nothing if it holds them already)."""
+        if self.gathered:
+            return
+        self.buffer.untyped_storage().resize_(self.buffer.numel() * self._size())
+        segments = self.gather_segments()
+        with torch.no_grad():
+            for piece, start in self._blocks():
+                block = self.buffer[start : start + self.world * piece.padded]
+                block.view(self.world, piece.padded).copy_(
+                    segments[:, piece.offset : piece.offset + piece.padded]
+                )
+
+    def gather_segments(self) -> Tensor:
+        """One all-gather: [rank, width], every rank's padded pieces."""
+        with torch.no_grad():
+            mine = torch.cat(
+                [pc.pad(p) for pc, p in zip(self.pieces, self.sharded, strict=True)]
+            )
+            out = torch.empty(self.world * self.width, dtype=self.dtype)
+            out = out.to(self.device)
+            torchcompat.all_gather_tensor(out, mine, self.group)
+        return out.view(self.world, self.width)
+
+    def free(self) -> None:
+        """Give the full parameters' bytes back (the views stay, holding nothing)."""
+        self.buffer.untyped_storage().resize_(0)
+
+    def _size(self) -> int:
+        return self.buffer.element_size()
+
+    def use_full(self, full: bool) -> None:
+        """Let the modules see the full tensors (True) or their pieces (False)."""
+        for (module, name), leaf, shard in zip(
+            self.owners, self.full, self.sharded, strict=True
+        ):
+            module._parameters[name] = leaf if full else shard
+
+    # ------------------------------------------------------------- the hooks --
+
+    def before_forward(self, _module: nn.Module, _args: Any) -> None:
+        self.unshard()
+        self.use_full(True)
+
+    def after_forward(self, _module: nn.Module, _args: Any, output: Any) -> Any:
+        self.use_full(False)
+        if self.reshard_after_forward:
+            self.free()
+        tensors = [t for t in _tensors(output) if t.requires_grad]
+        if tensors:
+            register_multi_grad_hook(tensors, self._before_backward, mode="any")
+        return output
+
+    def _before_backward(self, _grad: Tensor) -> None:
+        self.unshard()
+
+    def _on_gradient(self, _leaf: Tensor) -> None:
+        self.arrived += 1
+        if self.arrived == sum(leaf.requires_grad for leaf in self.full):
+            self.arrived = 0
+            self.reduce_scatter()
+            self.free()
+
+    def reduce_scatter(self) -> None:
+        """Average the full gradients into the pieces: one reduce-scatter."""
+        with torch.no_grad():
+            row = torch.zeros(self.world, self.width, dtype=self.dtype)
+            row = row.to(self.device)
+            for piece, leaf in zip(self.pieces, self.full, strict=True):
+                if leaf.grad is not None:
+                    at = slice(piece.offset, piece.offset + piece.padded)
+                    row[:, at] = piece.full_padded(leaf.grad)
+            out = torch.empty(self.width, dtype=self.dtype, device=self.device)
+            torchcompat.reduce_scatter_tensor(out, row.view(-1), self.group)
+            out /= self.world
+        for piece, leaf, shard in zip(
+            self.pieces, self.full, self.sharded, strict=True
+        ):
+            if leaf.grad is None:
+                continue
+            mine = out[piece.offset : piece.offset + piece.padded]
+            rows = mine[: piece.rows * piece.row_numel].view_as(shard).clone()
+            shard.grad = rows if shard.grad is None else shard.grad + rows
+            leaf.grad = None
+
+
+def _tensors(value: Any) -> list[Tensor]:
+    """The tensors in a forward's output (a tensor, or tuples, lists, dicts of them)."""
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []

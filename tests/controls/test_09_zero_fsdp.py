@@ -1,0 +1,231 @@
+"""Negative controls for chapter 9's verdicts: the same checks, on planted faults.
+
+One spawn of 4 ranks (the chapter's count) trains each strategy with a fault and
+prints each verdict line as the chapter does (`checks.verdict` of the largest
+difference over ranks; `zero.held == zero.formula`; `ledger.bytes_sent() ==
+step_bytes`); every line must say FAIL or False.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+from distcourse import checks, runtime
+from distcourse.comm.ledger import Ledger
+from distcourse.examples import sharding as ex
+from distcourse.launch import spawn
+from distcourse.parallel import fsdp, zero
+from distcourse.parallel.ddp import DDP
+
+
+class Unsynced(zero.ZeroRedundancyOptimizer):
+    """A ZeRO-1 that never sends its updated shard: the others keep stale copies."""
+
+    def sync_parameters(self) -> None:
+        pass
+
+
+def _versus(state: dict, reference: dict, what: str) -> str:
+    diff = checks.max_over_ranks(ex.max_difference(state, reference))
+    return f"{what} {checks.verdict(diff, 1e-5)}"
+
+
+def _sharded(model: nn.Sequential, shard=fsdp.fully_shard) -> nn.Sequential:  # noqa: ANN001
+    for module in [*model[::2], model]:
+        shard(module)
+    return model
+
+
+def _zero(model: nn.Module, kind: str, cls=zero.ZeroRedundancyOptimizer):  # noqa: ANN001, ANN202
+    opt_cls, options = ex.OPTIMIZERS[kind]
+    return cls(model.parameters(), opt_cls, **options)
+
+
+def _faults() -> dict[str, str]:
+    rank, world = runtime.require_initialized().rank, 4
+    lines: dict[str, str] = {}
+
+    def scaled(model: nn.Module):  # noqa: ANN202
+        def scale() -> None:
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad *= world
+
+        return scale
+
+    ref = {kind: ex.one_process(world, kind) for kind in ex.OPTIMIZERS}
+    one = "max |4 ranks - one process|"
+    # SGD, gradients summed instead of averaged
+    m1 = ex.uneven_mlp()
+    ex.train(DDP(m1), _zero(m1, "SGD"), rank, before_step=scaled(m1))
+    lines["ZeRO-1 SGD"] = _versus(m1.state_dict(), ref["SGD"], f"ZeRO-1 SGD: {one}")
+    m2 = ex.uneven_mlp()
+    opt2 = _zero(m2, "SGD")
+    ex.train(zero.ShardedDDP(m2, opt2), opt2, rank, before_step=scaled(m2))
+    lines["ZeRO-2 SGD"] = _versus(m2.state_dict(), ref["SGD"], f"ZeRO-2 SGD: {one}")
+    m3 = _sharded(ex.uneven_mlp())
+    ex.train(m3, ex.optimizer("SGD", m3.parameters()), rank, before_step=scaled(m3))
+    full3 = fsdp.full_state_dict(m3)
+    lines["FSDP SGD"] = _versus(full3, ref["SGD"], f"FSDP SGD: {one}")
+    # AdamW (blind to a gradient's scale): every rank trains on rank 0's rows
+    a1 = ex.uneven_mlp()
+    ex.train(DDP(a1), _zero(a1, "AdamW"), 0)
+    lines["ZeRO-1 AdamW"] = _versus(
+        a1.state_dict(), ref["AdamW"], f"ZeRO-1 AdamW: {one}"
+    )
+    a2 = ex.uneven_mlp()
+    opt = _zero(a2, "AdamW")
+    ex.train(zero.ShardedDDP(a2, opt), opt, 0)
+    lines["ZeRO-2 AdamW"] = _versus(
+        a2.state_dict(), ref["AdamW"], f"ZeRO-2 AdamW: {one}"
+    )
+    a3 = _sharded(ex.uneven_mlp())
+    ex.train(a3, ex.optimizer("AdamW", a3.parameters()), 0)
+    full = fsdp.full_state_dict(a3)
+    lines["FSDP AdamW"] = _versus(full, ref["AdamW"], f"FSDP AdamW: {one}")
+    # ZeRO-1 whose shards are never sent: the ranks drift apart
+    m4 = ex.uneven_mlp()
+    ex.train(DDP(m4), _zero(m4, "AdamW", Unsynced), rank)
+    lines["unsynced"] = _versus(m4.state_dict(), ref["AdamW"], f"ZeRO-1 AdamW: {one}")
+    lines.update(_bytes(rank))
+    faulty = {
+        ("ZeRO-1", "SGD"): m1.state_dict(),
+        ("FSDP", "SGD"): full3,
+        ("ZeRO-1", "AdamW"): a1.state_dict(),
+        ("FSDP", "AdamW"): full,
+    }
+    lines.update(_versus_torch(rank, faulty))
+    return lines
+
+
+def _bytes(rank: int) -> dict[str, str]:
+    """Bytes held and sent, measured on the wrong strategy for the formula."""
+    lines = {}
+    dp = ex.uneven_mlp()  # plain AdamW under DDP: the state whole on every rank
+    opt = ex.optimizer("AdamW", dp.parameters())
+    ex.train(DDP(dp), opt, rank, steps=1)
+    total = sum(p.numel() for p in dp.parameters())
+    part = _zero(ex.uneven_mlp(), "AdamW").partition
+    mine = (part.numel[rank], len(part.flat[rank]))
+    for stage in (1, 2):
+        got, want = zero.held(dp.parameters(), opt), zero.formula(stage, total, *mine)
+        lines[f"held {stage}"] = (
+            f"bytes held by kind = ZeRO-{stage}'s formula: {got == want}"
+        )
+    z1 = ex.uneven_mlp()  # ZeRO-2's formula, on ZeRO-1 (gradients all-reduced)
+    opt1 = _zero(z1, "AdamW")
+    net = DDP(z1)
+    with Ledger() as ledger:
+        ex.train(net, opt1, rank, steps=1)
+    want = zero.step_bytes(2, opt1.partition.numel, opt1.partition.width, rank)
+    sent = ledger.bytes_sent()
+    lines["wire 2"] = f"wire bytes of a step {sent} = ZeRO-2's formula: {sent == want}"
+    z2 = ex.uneven_mlp()  # ZeRO-3's formula, on ZeRO-2 (parameters whole)
+    opt2 = _zero(z2, "AdamW")
+    ex.train(zero.ShardedDDP(z2, opt2), opt2, rank, steps=1)
+    share = sum(p.numel() for p in z2.parameters()) // 4
+    got, want = zero.held(z2.parameters(), opt2), zero.formula(3, 0, share, 6)
+    lines["held 3"] = f"bytes held by kind = ZeRO-3's formula: {got == want}"
+    f3 = _sharded(ex.uneven_mlp())  # FSDP whose model runs twice in a step
+    twice = nn.Sequential(f3, nn.Linear(3, 6), f3)
+    with Ledger() as ledger:
+        ex.train(twice, ex.optimizer("SGD", f3.parameters()), rank, steps=1)
+    sent, want = ledger.bytes_sent(), fsdp.step_bytes(fsdp.units(f3), 4)
+    lines["wire 3"] = f"wire bytes of a step {sent} = FSDP's formula: {sent == want}"
+    return lines
+
+
+def _versus_torch(rank: int, ours: dict[tuple[str, str], dict]) -> dict[str, str]:
+    """Torch's, trained right, against ours trained with a fault (`ours`: the state
+    dicts by strategy and optimizer)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+    )
+    from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
+    from torch.nn.parallel import DistributedDataParallel
+
+    lines = {}
+    for kind in ex.OPTIMIZERS:
+        theirs = ex.uneven_mlp()
+        opt = _zero(theirs, kind, TorchZero)
+        ex.train(DistributedDataParallel(theirs), opt, rank)
+        what = f"ZeRO-1 {kind}: max |ours - torch's|"
+        lines[f"torch ZeRO-1 {kind}"] = _versus(
+            theirs.state_dict(), ours["ZeRO-1", kind], what
+        )
+        theirs = _sharded(ex.uneven_mlp(), torch_fully_shard)
+        ex.train(theirs, ex.optimizer(kind, theirs.parameters()), rank)
+        options = StateDictOptions(full_state_dict=True)
+        full = get_model_state_dict(theirs, options=options)
+        what = f"FSDP {kind}: max |ours - torch's|"
+        lines[f"torch FSDP {kind}"] = _versus(full, ours["FSDP", kind], what)
+    return lines
+
+
+@pytest.fixture(scope="module")
+def lines() -> dict[str, str]:
+    torch.set_num_threads(1)
+    return spawn(_faults, 4, timeout=30)[0]
+
+
+@pytest.mark.controls(
+    "09_zero_fsdp",
+    r"(ZeRO-1|ZeRO-2|FSDP) SGD: max \|4 ranks - one process\|",
+    fault="every gradient multiplied by the world size (summed, not averaged)",
+)
+def test_summed_gradients_fail_against_one_process(lines: dict[str, str]) -> None:
+    for name in ("ZeRO-1 SGD", "ZeRO-2 SGD", "FSDP SGD"):
+        assert lines[name].endswith("FAIL"), lines[name]
+
+
+@pytest.mark.controls(
+    "09_zero_fsdp",
+    r"(ZeRO-1|ZeRO-2|FSDP) AdamW: max \|4 ranks - one process\|",
+    fault="every rank trains on rank 0's rows; ZeRO-1 whose shards are never sent",
+)
+def test_wrong_rows_or_unsent_shards_fail_with_adamw(lines: dict[str, str]) -> None:
+    for name in ("ZeRO-1 AdamW", "ZeRO-2 AdamW", "FSDP AdamW", "unsynced"):
+        assert lines[name].endswith("FAIL"), lines[name]
+
+
+@pytest.mark.controls(
+    "09_zero_fsdp",
+    r"bytes held by kind = ZeRO-[123]'s formula",
+    fault="the stage below measured: state, gradients or parameters kept whole",
+)
+def test_a_stage_that_keeps_state_whole_fails_its_formula(
+    lines: dict[str, str],
+) -> None:
+    for name in ("held 1", "held 2", "held 3"):
+        assert lines[name].endswith("False"), lines[name]
+
+
+@pytest.mark.controls(
+    "09_zero_fsdp",
+    r"wire bytes of a step \d+ = (ZeRO-2|FSDP)'s formula",
+    fault="gradients all-reduced (ZeRO-1), not reduce-scattered; FSDP run twice",
+)
+def test_other_traffic_fails_the_byte_formulas(lines: dict[str, str]) -> None:
+    for name in ("wire 2", "wire 3"):
+        assert lines[name].endswith("False"), lines[name]
+
+
+@pytest.mark.controls(
+    "09_zero_fsdp",
+    r"(ZeRO-1|FSDP) SGD: max \|ours - torch's\|",
+    fault="ours trained with gradients summed over ranks, torch's right",
+)
+@pytest.mark.controls(
+    "09_zero_fsdp",
+    r"(ZeRO-1|FSDP) AdamW: max \|ours - torch's\|",
+    fault="ours trained on rank 0's rows on every rank, torch's right",
+)
+def test_faulty_ours_fails_against_torchs(lines: dict[str, str]) -> None:
+    for strategy in ("ZeRO-1", "FSDP"):
+        for kind in ex.OPTIMIZERS:
+            line = lines[f"torch {strategy} {kind}"]
+            assert line.endswith("FAIL"), line
