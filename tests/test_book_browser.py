@@ -3,8 +3,9 @@
 Opens _build/html (`make book` builds it from the stored outputs) in headless
 Chromium, driven by Playwright through the browser installed on this machine
 (`executable_path`: nothing is downloaded at run time). On every page: no code or
-output block scrolls sideways, no image is broken, nothing is logged as an error;
-and every chapter shows per-rank output in columns (`%%ranks`).
+output block, table or other box of the theme scrolls sideways, and neither does the
+page; no image is broken, nothing is logged as an error; and every chapter shows
+per-rank output in columns (`%%ranks`).
 
 Chromium comes from the system: `apt-get install chromium` (Debian/Ubuntu, as root),
 or DISTCOURSE_CHROMIUM=/path/to/chrome for a browser installed elsewhere.
@@ -25,21 +26,36 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
 WIDTH, HEIGHT = 1280, 900
-# blocks that must wrap, not scroll: code, outputs, tables, %%ranks grids
-BLOCKS = "pre, div.highlight, div.cell_output, div.output, table, div.dc-ranks"
+# Blocks that must wrap, not scroll: code, outputs, tables, %%ranks grids, and the
+# boxes pydata-sphinx-theme scrolls sideways when their content is too wide: the
+# wrapper of every table (a wide table stays its own width inside it, so only the
+# wrapper shows it), display math, the article itself. Any other element of the
+# article whose computed overflow-x is auto or scroll is checked too (SIDEWAYS), and
+# so is the page as a whole.
+BLOCKS = (
+    "pre, div.highlight, div.cell_output, div.output, table, div.dc-ranks, "
+    "div.pst-scrollable-table-container, div.math mjx-container, "
+    "div.bd-article-container"
+)
 INSTALL = (
     "Chromium is needed for the browser test: `apt-get install chromium` (as root), "
     "or set DISTCOURSE_CHROMIUM=/path/to/chromium"
 )
 
-# JavaScript run in each page: the blocks wider than their box, and broken images.
+# JavaScript run in each page: the blocks wider than their box (the innermost of
+# nested ones), and broken images.
 SIDEWAYS = """(sel) => {
-  const wide = [...document.querySelectorAll(sel)]
-    .filter(e => e.scrollWidth > e.clientWidth + 1);
+  const scrolls = e => ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
+  const boxes = new Set([...document.querySelectorAll(sel),
+    ...[...document.querySelectorAll('.bd-article-container *')].filter(scrolls)]);
+  const wide = [...boxes].filter(e => e.scrollWidth > e.clientWidth + 1);
+  const page = document.documentElement;
   return wide.filter(e => !wide.some(o => o !== e && e.contains(o)))  // innermost
     .map(e => `${e.tagName.toLowerCase()}.${[...e.classList].join('.')} `
               + `(${e.scrollWidth} > ${e.clientWidth} px): `
-              + e.innerText.trim().split('\\n')[0].slice(0, 70));
+              + e.innerText.trim().split('\\n')[0].slice(0, 70))
+    .concat(page.scrollWidth > page.clientWidth + 1
+      ? [`the page (${page.scrollWidth} > ${page.clientWidth} px)`] : []);
 }"""
 BROKEN = """() => [...document.images]
   .filter(i => i.complete && i.naturalWidth === 0).map(i => i.src)"""
