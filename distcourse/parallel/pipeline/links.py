@@ -119,7 +119,13 @@ class Links:
         while todo and len(posted) < AHEAD:
             shape, dtype = todo.popleft()
             x = torch.empty(shape, dtype=dtype, device=runtime.device())
-            work = dist.irecv(x, link[1], group=group) if x.numel() else None
+            try:  # gloo may refuse at once, e.g. when the peer's connection closed
+                work = dist.irecv(x, link[1], group=group) if x.numel() else None
+            except Exception as err:
+                what = "an activation" if link[0] == "F" else "a gradient"
+                raise RuntimeError(
+                    f"waiting for {what} from rank {link[1]}: {err}"
+                ) from err
             posted.append((work, x))
 
     # ------------------------------------------------------------ transfers ------
@@ -138,7 +144,11 @@ class Links:
             return
         x = x.detach().contiguous()
         if x.numel():
-            work = dist.isend(x, link[2], group=self.groups[link])
+            try:  # gloo may refuse at once, e.g. when the peer's connection closed
+                work = dist.isend(x, link[2], group=self.groups[link])
+            except Exception as err:
+                what = "an activation" if link[0] == "F" else "a gradient"
+                raise RuntimeError(f"sending {what} to rank {link[2]}: {err}") from err
             self.sending.append((work, x, link))
         while self.sending and self.sending[0][0].is_completed():
             _finish(*self.sending.pop(0))  # done: free it, raise a failure
@@ -147,16 +157,18 @@ class Links:
         """Wait for the next tensor on `link`; ValueError unless it is `expect`."""
         self.raise_errors()
         what = "an activation" if link[0] == "F" else "a gradient"
-        try:
-            if self.every:
-                return p2p.recv_tensor(link[1], group=self.groups[link], expect=expect)
+        work, x = None, None
+        if not self.every:
             work, x = self.posted[link].popleft()
             if (x.shape, x.dtype) != (torch.Size(expect[0]), expect[1]):
-                raise ValueError(
+                raise ValueError(  # a shape refused: the message names both ranks
                     f"expected {_show(*expect)} from rank {link[1]}, the "
                     f"plan said {_show(x.shape, x.dtype)}"
                 )
             self._post(link)  # the next receive first: free while we wait here
+        try:
+            if self.every:
+                return p2p.recv_tensor(link[1], group=self.groups[link], expect=expect)
             if work is not None:
                 work.wait()
             return x

@@ -143,7 +143,10 @@ class Pipeline:
                 early = None
         self.begun = self.beginning = False
         if early is None:  # nothing to compute before the first transfer
-            self._begin()
+            try:
+                self._begin()
+            except Exception as err:  # named as the first action that waited on it
+                raise self._located(self.actions[0], err) from err
         m = self.schedule.micro_batches
         xs = None if x is None else x.chunk(m)
         ys = None if target is None else target.chunk(m)
@@ -160,18 +163,22 @@ class Pipeline:
                 else:
                     self._weight(a)
             except Exception as err:
-                if self.beginning:  # the agreement refused the batch: as elsewhere
-                    raise
-                cls = ValueError if isinstance(err, ValueError) else RuntimeError
-                raise cls(
-                    f"{self.describe(a.stage)}, {a.kind} of micro-batch "
-                    f"{a.micro}: {err}"
-                ) from err
+                raise self._located(a, err) from err
         try:
             self.links.flush()
         except Exception as err:
             raise RuntimeError(f"rank {self.rank}: {err}") from err
         return torch.stack(losses).sum() if losses else None
+
+    def _located(self, a: schedules.Action, err: Exception) -> Exception:
+        """`err` prefixed with the stage, action and micro-batch it stopped; a batch
+        or shapes refused by the agreement stays as it is (the same on every rank)."""
+        if self.beginning and isinstance(err, ValueError):
+            return err
+        cls = ValueError if isinstance(err, ValueError) else RuntimeError
+        return cls(
+            f"{self.describe(a.stage)}, {a.kind} of micro-batch {a.micro}: {err}"
+        )
 
     def _shapes(self, key: tuple) -> list[Shape]:
         """Each stage's input shape for micro-batches of `key`; computed once per key
