@@ -2,7 +2,8 @@
 
 The import rules live in pyproject.toml ([tool.importlinter]) and are checked by
 import-linter; the rules it cannot express (no private name crosses a module, no
-module over 300 lines of code, no `# fmt: skip` except on a literal table,
+module over 300 lines of code, no `# fmt: skip` except on a literal table (in the
+package, the tests and the notebooks' code cells),
 strategies do not import each other) are an AST walk here.
 ARCHITECTURE.md explains the layers these tests hold in place.
 """
@@ -47,6 +48,19 @@ def _notebook_code(path: Path) -> str:
     code = ("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     lines = [ln for src in code for ln in src.splitlines() if not ln.startswith("%")]
     return "\n".join(lines)
+
+
+def _notebook_cells(path: Path) -> list[tuple[int, str]]:
+    """(index, source) of each code cell, its IPython magic lines (`%...`) blanked.
+
+    Blank, not dropped: a finding's line number stays the line in the cell.
+    """
+    cells = json.loads(path.read_text())["cells"]
+    return [
+        (i, re.sub(r"^%.*$", "", "".join(cell["source"]), flags=re.MULTILINE))
+        for i, cell in enumerate(cells)
+        if cell["cell_type"] == "code"
+    ]
 
 
 def test_import_linter_contracts_hold() -> None:
@@ -181,6 +195,21 @@ def test_format_skips_are_only_for_literal_tables() -> None:
         f"{path.relative_to(ROOT)} {skip}"
         for path in _modules() + sorted((ROOT / "tests").rglob("*.py"))
         for skip in format_skips(path.read_text())
+    ]
+    assert not offences, "formatter pragmas on code, not tables:\n" + "\n".join(
+        offences
+    )
+
+
+def test_notebook_cells_keep_format_skips_for_literal_tables() -> None:
+    """The same rule for the book's code cells: a reader sees what ruff lays out."""
+    cell = "%%ranks\nfor x in [1,\n          2]:  # fmt: skip\n    print(x)\n"
+    assert format_skips(re.sub(r"^%.*$", "", cell, flags=re.MULTILINE))
+    offences = [
+        f"{path.relative_to(ROOT)} cell {i}, {skip}"
+        for path in sorted((ROOT / "book").glob("*.ipynb"))
+        for i, source in _notebook_cells(path)
+        for skip in format_skips(source)
     ]
     assert not offences, "formatter pragmas on code, not tables:\n" + "\n".join(
         offences
