@@ -41,9 +41,11 @@ net = hybrid.HybridGPT(model, mesh, micro_batches=args.micro_batches)
 losses = net.train(batches)
 coord = ", ".join(f"{k}={v}" for k, v in mesh.coordinate.items())
 if info.rank == 0:
-    print(f"{layout.name} (dp x pp x tp) on {info.world_size} ranks; rank 0 at "
-          f"{coord}; {len(losses)} steps, losses {losses[0]:.4f} -> "
-          f"{losses[-1]:.4f}")  # fmt: skip
+    print(
+        f"{layout.name} (dp x pp x tp) on {info.world_size} ranks; rank 0 at "
+        f"{coord}; {len(losses)} steps, losses {losses[0]:.4f} -> "
+        f"{losses[-1]:.4f}"
+    )
 net.close()
 if args.compare:  # chapter 8's check; plain SGD, since AdamW hides a gradient scale
     found = hybrid.against_one_process(

@@ -57,8 +57,9 @@ def resnet() -> nn.Sequential:
     """The ResNet as a sequence; cut after layer2 (6 children) as the tutorial does."""
     torch.manual_seed(0)
     r = ResNet(blocks, layers, num_classes=classes)
-    return nn.Sequential(r.conv1, r.bn1, r.relu, r.maxpool, r.layer1, r.layer2,
-                         r.layer3, r.layer4, r.avgpool, nn.Flatten(), r.fc)  # fmt: skip
+    first = [r.conv1, r.bn1, r.relu, r.maxpool, r.layer1, r.layer2]  # the cut
+    second = [r.layer3, r.layer4, r.avgpool, nn.Flatten(), r.fc]
+    return nn.Sequential(*first, *second)
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,8 +119,10 @@ for split in [batch, *sweep]:  # the whole batch first: the naive split
 
 if info.rank == 0:
     naive = rows[0][2]
-    print(f"ResNet {'small' if args.small else '50'}: {BATCHES} batches of {batch} "
-          f"images {image}x{image}, {classes} classes, on {dev.type}")  # fmt: skip
+    print(
+        f"ResNet {'small' if args.small else '50'}: {BATCHES} batches of {batch} "
+        f"images {image}x{image}, {classes} classes, on {dev.type}"
+    )
     print(f"one process {one:.2f} s")
     head = ("split", "m", "seconds", "vs naive", "stage 0 ms", "stage 1 ms")
     print(
@@ -132,6 +135,6 @@ if info.rank == 0:
     best = min(rows[1:], key=lambda r: r[2])
     print(f"best split size {best[0]}: {naive / best[2]:.2f}x the naive split")
 if info.rank == 0 and args.json:  # last: the line the notebook reads
-    print(json.dumps(dict(small=args.small, batches=BATCHES, batch=batch, image=image,
-                          one=one, rows=rows)))  # fmt: skip
+    shape = dict(small=args.small, batches=BATCHES, batch=batch, image=image)
+    print(json.dumps(dict(shape, one=one, rows=rows)))
 runtime.shutdown()
