@@ -8,6 +8,8 @@ step_bytes`); every line must say FAIL or False.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from torch import nn
@@ -98,7 +100,60 @@ def _faults() -> dict[str, str]:
         ("FSDP", "AdamW"): full,
     }
     lines.update(_versus_torch(rank, faulty))
+    lines.update(_resumed(rank))
     return lines
+
+
+def _resumed(rank: int) -> dict[str, str]:
+    """The chapter's resharding check, resumed with a fresh AdamW state: the
+    checkpoint's parameters are loaded, its optimizer state is not."""
+    import shutil
+    import tempfile
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import DeviceMesh
+
+    box = [tempfile.mkdtemp(prefix="ch9-control-") if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    saved = _sharded(ex.uneven_mlp())
+    opt = ex.optimizer("AdamW", saved.parameters())
+    ex.train(saved, opt, rank, steps=2)
+    state = {
+        "model": fsdp.model_state(saved),
+        "optim": fsdp.optimizer_state(saved, opt),
+    }
+    dcp.save(state, checkpoint_id=box[0])
+    never_stopped, lines = ex.one_process(4, "AdamW", steps=4), {}
+    for members in ([0, 1], [0]):
+        group, diff = dist.new_group(members), 0.0
+        if rank in members:
+            mesh = DeviceMesh.from_group(group, "cpu")
+            model = _sharded(ex.uneven_mlp(), partial(fsdp.fully_shard, mesh=mesh))
+            opt = ex.optimizer("AdamW", model.parameters())
+            state = {"model": fsdp.model_state(model)}
+            dcp.load(state, checkpoint_id=box[0], process_group=group)
+            fsdp.load_model_state(model, state["model"])  # planted: no optimizer
+            per, me = 4 // len(members), members.index(rank)
+            for step in (2, 3):
+                rows = [ex.batch(step, q) for q in range(me * per, (me + 1) * per)]
+                x, y = (torch.cat(t) for t in zip(*rows, strict=True))
+                opt.zero_grad()
+                F.mse_loss(model(x), y).backward()
+                opt.step()
+            diff = ex.max_difference(fsdp.full_state_dict(model), never_stopped)
+        what = f"FSDP AdamW saved on 4, resumed on {len(members)}"
+        lines[f"resumed {len(members)}"] = _versus_diff(diff, what)
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(box[0])
+    return lines
+
+
+def _versus_diff(diff: float, what: str) -> str:
+    verdict = checks.verdict(checks.max_over_ranks(diff), 1e-5)
+    return f"{what}: max |resumed - never stopped| {verdict}"
 
 
 def _bytes(rank: int) -> dict[str, str]:
@@ -229,3 +284,13 @@ def test_faulty_ours_fails_against_torchs(lines: dict[str, str]) -> None:
         for kind in ex.OPTIMIZERS:
             line = lines[f"torch {strategy} {kind}"]
             assert line.endswith("FAIL"), line
+
+
+@pytest.mark.controls(
+    "09_zero_fsdp",
+    r"FSDP AdamW saved on 4, resumed on [12]: max \|resumed - never stopped\|",
+    fault="the checkpoint's parameters loaded, its AdamW state not (a fresh one)",
+)
+def test_a_resume_without_the_optimizer_state_fails(lines: dict[str, str]) -> None:
+    for name in ("resumed 2", "resumed 1"):
+        assert lines[name].endswith("FAIL"), lines[name]
