@@ -19,7 +19,8 @@ from distcourse import checks, runtime
 from distcourse.comm.ledger import Ledger
 from distcourse.examples import sharding as ex
 from distcourse.launch import spawn
-from distcourse.parallel import fsdp, zero
+from distcourse.mesh import Mesh
+from distcourse.parallel import fsdp, hybrid, zero
 from distcourse.parallel.ddp import DDP
 
 
@@ -101,6 +102,31 @@ def _faults() -> dict[str, str]:
     }
     lines.update(_versus_torch(rank, faulty))
     lines.update(_resumed(rank))
+    lines.update(_fsdp_tp(rank))
+    return lines
+
+
+def _fsdp_tp(rank: int) -> dict[str, str]:
+    """The chapter's 2x2 check on faults: SGD with gradients summed over dp; AdamW
+    with every rank on its own rows (the tp pair of a dp group disagrees)."""
+    mesh, lines = Mesh((2, 2), ("dp", "tp")), {}
+    for kind, scale, rows in (
+        ("SGD", 2.0, mesh.coordinate["dp"]),
+        ("AdamW", 1.0, rank),
+    ):
+        model = hybrid.parallelize_mlp(ex.uneven_mlp(), mesh)
+
+        def scaled(model: nn.Module = model, scale: float = scale) -> None:
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad *= scale
+
+        ex.train(
+            model, ex.optimizer(kind, model.parameters()), rows, before_step=scaled
+        )
+        full = hybrid.full_state_dict(model, mesh)
+        what = f"FSDP x TP {kind}: max |2x2 mesh - one process|"
+        lines[f"2x2 {kind}"] = _versus(full, ex.one_process(2, kind), what)
     return lines
 
 
@@ -293,4 +319,14 @@ def test_faulty_ours_fails_against_torchs(lines: dict[str, str]) -> None:
 )
 def test_a_resume_without_the_optimizer_state_fails(lines: dict[str, str]) -> None:
     for name in ("resumed 2", "resumed 1"):
+        assert lines[name].endswith("FAIL"), lines[name]
+
+
+@pytest.mark.controls(
+    "09_zero_fsdp",
+    r"FSDP x TP (SGD|AdamW): max \|2x2 mesh - one process\|",
+    fault="SGD: gradients summed over dp; AdamW: each rank on its own rows",
+)
+def test_a_faulty_2d_run_fails_against_one_process(lines: dict[str, str]) -> None:
+    for name in ("2x2 SGD", "2x2 AdamW"):
         assert lines[name].endswith("FAIL"), lines[name]
