@@ -201,6 +201,8 @@ def _bytes(rank: int) -> dict[str, str]:
     net = DDP(z1)
     with Ledger() as ledger:
         ex.train(net, opt1, rank, steps=1)
+    got, want = zero.held(z1.parameters(), opt1), zero.formula(0, total, total, 6)
+    lines["held 0"] = f"bytes held by kind = DP's formula: {got == want}"
     want = zero.step_bytes(2, opt1.partition.numel, opt1.partition.width, rank)
     sent = ledger.bytes_sent()
     lines["wire 2"] = f"wire bytes of a step {sent} = ZeRO-2's formula: {sent == want}"
@@ -275,13 +277,14 @@ def test_wrong_rows_or_unsent_shards_fail_with_adamw(lines: dict[str, str]) -> N
 
 @pytest.mark.controls(
     "09_zero_fsdp",
-    r"bytes held by kind = ZeRO-[123]'s formula",
-    fault="the stage below measured: state, gradients or parameters kept whole",
+    r"bytes held by kind = (DP|ZeRO-[123])'s formula",
+    fault="the stage below measured (DP's formula: ZeRO-1 measured), state, "
+    "gradients or parameters kept whole",
 )
 def test_a_stage_that_keeps_state_whole_fails_its_formula(
     lines: dict[str, str],
 ) -> None:
-    for name in ("held 1", "held 2", "held 3"):
+    for name in ("held 0", "held 1", "held 2", "held 3"):
         assert lines[name].endswith("False"), lines[name]
 
 
