@@ -26,3 +26,11 @@ def test_memory_for_communication_puts_a_labelled_point_per_strategy() -> None:
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.texts] == ["DP", "FSDP"]
     assert ax.get_title() == "t" and len(ax.collections) == 2
+
+
+def test_bytes_against_ranks_draws_a_formula_line_and_measured_dots() -> None:
+    formula = {"DP": [16, 16, 16], "ZeRO-3": [16, 8, 4]}
+    fig = viz.bytes_against_ranks([1, 2, 4], formula, formula, "t")
+    ax = fig.axes[0]
+    assert [list(line.get_ydata()) for line in ax.lines] == list(formula.values())
+    assert len(ax.collections) == 2 and ax.get_title() == "t"

@@ -4,8 +4,10 @@ Programs copied from tutorials start their own ranks (`mp.spawn`, which needs a
 function it can import by name, so not one defined in a notebook). Here they run as a
 subprocess with a deadline, on a free port, with a private temporary directory, and
 optionally with one line of their text swapped (`swap=(old, new)`): the way a reader
-tries our DDP in PyTorch's own example by changing an import. `by_rank` sorts what
-its processes printed into one list of lines per rank, for `columns.show`.
+tries our DDP in PyTorch's own example by changing an import (a list of pairs swaps
+several lines, each exactly once: FSDP2's import and its state-dict call). `by_rank`
+sorts what its processes printed into one list of lines per rank, for
+`columns.show`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from distcourse.rendezvous import LOOPBACK, keep_gloo_on_loopback
 
 TORCH_DDP = "from torch.nn.parallel import DistributedDataParallel as DDP"
 OUR_DDP = "from distcourse.parallel.ddp import DDP"
+Swap = tuple[str, str]
 RANK = re.compile(r"\brank (\d+)\b")
 
 
@@ -73,7 +76,7 @@ def excerpt(path: str | Path, *names: str, imports: bool = True) -> str:
 def run_script(
     path: str | Path,
     *args: str,
-    swap: tuple[str, str] | None = None,
+    swap: Swap | list[Swap] | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 120.0,
 ) -> str:
@@ -92,7 +95,10 @@ def run_script(
     with tempfile.TemporaryDirectory(prefix="distcourse-script-") as tmp:
         if swap is not None:
             program = Path(tmp) / path.name
-            program.write_text(swapped(path.read_text(), swap))
+            text = path.read_text()
+            for pair in [swap] if isinstance(swap, tuple) else swap:
+                text = swapped(text, pair)
+            program.write_text(text)
         else:
             program = path
         child_env = {

@@ -8,7 +8,11 @@ matplotlib Figure and never calls plt.show().
 
 from distcourse.viz.duality import conversion_bytes
 from distcourse.viz.mesh import axis_bytes, layout_costs, mesh_groups
-from distcourse.viz.sharding import memory_for_communication, who_holds
+from distcourse.viz.sharding import (
+    bytes_against_ranks,
+    memory_for_communication,
+    who_holds,
+)
 from distcourse.viz.tensors import rank_tensors, sbp_pieces, tp_layout
 from distcourse.viz.timing import cost_plot, gantt, hidden_sweep, timeline
 
@@ -19,6 +23,7 @@ __all__ = [
     "gantt",
     "hidden_sweep",
     "layout_costs",
+    "bytes_against_ranks",
     "memory_for_communication",
     "mesh_groups",
     "rank_tensors",

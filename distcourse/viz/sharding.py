@@ -61,3 +61,23 @@ def memory_for_communication(
     ax.set_xlim(0, 1.25 * max(sent))
     ax.set_ylim(0, 1.2 * max(held))
     return finish(fig, ax, title)
+
+
+def bytes_against_ranks(
+    worlds: Sequence[int],
+    measured: dict[str, Sequence[int]],
+    formula: dict[str, Sequence[int]],
+    title: str = "",
+) -> Figure:
+    """Bytes a rank holds against the number of ranks, one line per strategy: the
+    formula as a line, what was measured as dots on it."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for i, name in enumerate(measured):
+        ax.plot(worlds, formula[name], color=f"C{i}", label=f"{name} (formula)")
+        ax.scatter(worlds, measured[name], color=f"C{i}", s=40, zorder=3)
+    ax.set_xticks(list(worlds))
+    ax.set_xlabel("ranks N")
+    ax.set_ylabel("bytes held per rank (dots: measured)")
+    ax.set_ylim(0, 1.1 * max(max(v) for v in formula.values()))
+    ax.legend(fontsize=8)
+    return finish(fig, ax, title)

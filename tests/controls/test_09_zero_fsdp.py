@@ -8,6 +8,8 @@ step_bytes`); every line must say FAIL or False.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from torch import nn
@@ -17,7 +19,8 @@ from distcourse import checks, runtime
 from distcourse.comm.ledger import Ledger
 from distcourse.examples import sharding as ex
 from distcourse.launch import spawn
-from distcourse.parallel import fsdp, zero
+from distcourse.mesh import Mesh
+from distcourse.parallel import fsdp, hybrid, zero
 from distcourse.parallel.ddp import DDP
 
 
@@ -98,7 +101,85 @@ def _faults() -> dict[str, str]:
         ("FSDP", "AdamW"): full,
     }
     lines.update(_versus_torch(rank, faulty))
+    lines.update(_resumed(rank))
+    lines.update(_fsdp_tp(rank))
     return lines
+
+
+def _fsdp_tp(rank: int) -> dict[str, str]:
+    """The chapter's 2x2 check on faults: SGD with gradients summed over dp; AdamW
+    with every rank on its own rows (the tp pair of a dp group disagrees)."""
+    mesh, lines = Mesh((2, 2), ("dp", "tp")), {}
+    for kind, scale, rows in (
+        ("SGD", 2.0, mesh.coordinate["dp"]),
+        ("AdamW", 1.0, rank),
+    ):
+        model = hybrid.parallelize_mlp(ex.uneven_mlp(), mesh)
+
+        def scaled(model: nn.Module = model, scale: float = scale) -> None:
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad *= scale
+
+        ex.train(
+            model, ex.optimizer(kind, model.parameters()), rows, before_step=scaled
+        )
+        full = hybrid.full_state_dict(model, mesh)
+        what = f"FSDP x TP {kind}: max |2x2 mesh - one process|"
+        lines[f"2x2 {kind}"] = _versus(full, ex.one_process(2, kind), what)
+    return lines
+
+
+def _resumed(rank: int) -> dict[str, str]:
+    """The chapter's resharding check, resumed with a fresh AdamW state: the
+    checkpoint's parameters are loaded, its optimizer state is not."""
+    import shutil
+    import tempfile
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import DeviceMesh
+
+    box = [tempfile.mkdtemp(prefix="ch9-control-") if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    saved = _sharded(ex.uneven_mlp())
+    opt = ex.optimizer("AdamW", saved.parameters())
+    ex.train(saved, opt, rank, steps=2)
+    state = {
+        "model": fsdp.model_state(saved),
+        "optim": fsdp.optimizer_state(saved, opt),
+    }
+    dcp.save(state, checkpoint_id=box[0])
+    never_stopped, lines = ex.one_process(4, "AdamW", steps=4), {}
+    for members in ([0, 1], [0]):
+        group, diff = dist.new_group(members), 0.0
+        if rank in members:
+            mesh = DeviceMesh.from_group(group, "cpu")
+            model = _sharded(ex.uneven_mlp(), partial(fsdp.fully_shard, mesh=mesh))
+            opt = ex.optimizer("AdamW", model.parameters())
+            state = {"model": fsdp.model_state(model)}
+            dcp.load(state, checkpoint_id=box[0], process_group=group)
+            fsdp.load_model_state(model, state["model"])  # planted: no optimizer
+            per, me = 4 // len(members), members.index(rank)
+            for step in (2, 3):
+                rows = [ex.batch(step, q) for q in range(me * per, (me + 1) * per)]
+                x, y = (torch.cat(t) for t in zip(*rows, strict=True))
+                opt.zero_grad()
+                F.mse_loss(model(x), y).backward()
+                opt.step()
+            diff = ex.max_difference(fsdp.full_state_dict(model), never_stopped)
+        what = f"FSDP AdamW saved on 4, resumed on {len(members)}"
+        lines[f"resumed {len(members)}"] = _versus_diff(diff, what)
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(box[0])
+    return lines
+
+
+def _versus_diff(diff: float, what: str) -> str:
+    verdict = checks.verdict(checks.max_over_ranks(diff), 1e-5)
+    return f"{what}: max |resumed - never stopped| {verdict}"
 
 
 def _bytes(rank: int) -> dict[str, str]:
@@ -120,6 +201,8 @@ def _bytes(rank: int) -> dict[str, str]:
     net = DDP(z1)
     with Ledger() as ledger:
         ex.train(net, opt1, rank, steps=1)
+    got, want = zero.held(z1.parameters(), opt1), zero.formula(0, total, total, 6)
+    lines["held 0"] = f"bytes held by kind = DP's formula: {got == want}"
     want = zero.step_bytes(2, opt1.partition.numel, opt1.partition.width, rank)
     sent = ledger.bytes_sent()
     lines["wire 2"] = f"wire bytes of a step {sent} = ZeRO-2's formula: {sent == want}"
@@ -194,13 +277,14 @@ def test_wrong_rows_or_unsent_shards_fail_with_adamw(lines: dict[str, str]) -> N
 
 @pytest.mark.controls(
     "09_zero_fsdp",
-    r"bytes held by kind = ZeRO-[123]'s formula",
-    fault="the stage below measured: state, gradients or parameters kept whole",
+    r"bytes held by kind = (DP|ZeRO-[123])'s formula",
+    fault="the stage below measured (DP's formula: ZeRO-1 measured), state, "
+    "gradients or parameters kept whole",
 )
 def test_a_stage_that_keeps_state_whole_fails_its_formula(
     lines: dict[str, str],
 ) -> None:
-    for name in ("held 1", "held 2", "held 3"):
+    for name in ("held 0", "held 1", "held 2", "held 3"):
         assert lines[name].endswith("False"), lines[name]
 
 
@@ -229,3 +313,23 @@ def test_faulty_ours_fails_against_torchs(lines: dict[str, str]) -> None:
         for kind in ex.OPTIMIZERS:
             line = lines[f"torch {strategy} {kind}"]
             assert line.endswith("FAIL"), line
+
+
+@pytest.mark.controls(
+    "09_zero_fsdp",
+    r"FSDP AdamW saved on 4, resumed on [12]: max \|resumed - never stopped\|",
+    fault="the checkpoint's parameters loaded, its AdamW state not (a fresh one)",
+)
+def test_a_resume_without_the_optimizer_state_fails(lines: dict[str, str]) -> None:
+    for name in ("resumed 2", "resumed 1"):
+        assert lines[name].endswith("FAIL"), lines[name]
+
+
+@pytest.mark.controls(
+    "09_zero_fsdp",
+    r"FSDP x TP (SGD|AdamW): max \|2x2 mesh - one process\|",
+    fault="SGD: gradients summed over dp; AdamW: each rank on its own rows",
+)
+def test_a_faulty_2d_run_fails_against_one_process(lines: dict[str, str]) -> None:
+    for name in ("2x2 SGD", "2x2 AdamW"):
+        assert lines[name].endswith("FAIL"), lines[name]

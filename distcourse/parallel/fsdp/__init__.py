@@ -1,8 +1,9 @@
 """FSDP (ZeRO stage 3) from scratch: parameters, gradients and optimizer state sharded.
 
 Read `api.py` first (`fully_shard`, `full_state_dict`: FSDP2's calls), then `unit.py`
-(what one unit does around forward and backward) and `layout.py` (torch.chunk's
-dim-0 pieces, padded).
+(what one unit does around forward and backward), `layout.py` (torch.chunk's
+dim-0 pieces, padded) and `checkpoint.py` (sharded state dicts for
+torch.distributed.checkpoint: save on N ranks, load on any other number).
 """
 
 from distcourse.parallel.fsdp.api import (
@@ -11,6 +12,12 @@ from distcourse.parallel.fsdp.api import (
     load_full_state_dict,
     step_bytes,
     units,
+)
+from distcourse.parallel.fsdp.checkpoint import (
+    load_model_state,
+    load_optimizer_state,
+    model_state,
+    optimizer_state,
 )
 from distcourse.parallel.fsdp.layout import Piece, pieces
 from distcourse.parallel.fsdp.unit import Unit
@@ -21,6 +28,10 @@ __all__ = [
     "full_state_dict",
     "fully_shard",
     "load_full_state_dict",
+    "load_model_state",
+    "load_optimizer_state",
+    "model_state",
+    "optimizer_state",
     "pieces",
     "step_bytes",
     "units",

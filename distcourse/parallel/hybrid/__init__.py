@@ -8,7 +8,8 @@
 layout: degrees, every layout of N ranks, the checks; stages: the GPT as a chain
 cut into stages and split by TP; runner: HybridGPT (the step); cost: bytes per
 axis per step and memory per rank, by formula; check: a layout against one
-process (`against_one_process`) and the lines that say so (`verdicts`).
+process (`against_one_process`) and the lines that say so (`verdicts`); fsdp_tp:
+FSDP over dp with TP inside on a 2-D mesh (`parallelize_mlp`, `full_state_dict`).
 """
 
 from distcourse.parallel.hybrid.check import (
@@ -21,6 +22,7 @@ from distcourse.parallel.hybrid.cost import (
     memory_per_rank,
     parameters_held,
 )
+from distcourse.parallel.hybrid.fsdp_tp import full_state_dict, parallelize_mlp
 from distcourse.parallel.hybrid.layout import AXES, Layout, check, layouts, make_mesh
 from distcourse.parallel.hybrid.runner import HybridGPT
 from distcourse.parallel.hybrid.stages import (
@@ -44,10 +46,12 @@ __all__ = [
     "bytes_line",
     "bytes_per_step",
     "check",
+    "full_state_dict",
     "layouts",
     "make_mesh",
     "memory_per_rank",
     "parallelize_stage",
+    "parallelize_mlp",
     "parameters_held",
     "stages",
     "verdicts",
