@@ -33,6 +33,7 @@ from distcourse.parallel.fsdp import (
     load_full_state_dict,
     step_bytes,
     units,
+    world_mesh,
 )
 from distcourse.parallel.zero import formula, held
 
@@ -101,7 +102,7 @@ def _on_ranks() -> dict:
             share = sum(p.numel() for p in model.parameters())
             want = formula(3, 0, share, len(list(model.parameters())))
             out[f"{key} held"] = (held(model.parameters(), opt), want)
-        theirs = _shard(Net(), shard=torch_fully_shard)
+        theirs = _shard(Net(), shard=torch_fully_shard, mesh=world_mesh())
         _train(theirs, kind, rank)
         options = StateDictOptions(full_state_dict=True)
         out[f"{kind} torch"] = _difference(
@@ -128,7 +129,7 @@ def _exchange(ours: nn.Module, theirs: nn.Module) -> tuple[float, float]:
     load_full_state_dict(fresh, from_torch)
     ours_back = _difference(full_state_dict(fresh), from_torch)
     from_ours = full_state_dict(ours)
-    fresh_torch = _shard(Net(), shard=torch_fully_shard)
+    fresh_torch = _shard(Net(), shard=torch_fully_shard, mesh=world_mesh())
     # (torch replaces the entries of the dict it loads by its pieces: hand it a copy)
     set_model_state_dict(fresh_torch, dict(from_ours), options=options)
     back = get_model_state_dict(fresh_torch, options=options)

@@ -34,6 +34,7 @@ from distcourse.parallel.fsdp import (
     load_optimizer_state,
     model_state,
     optimizer_state,
+    world_mesh,
 )
 
 ATOL = 1e-5
@@ -44,10 +45,11 @@ LIBRARIES = ("ours", "torch")
 def _make(library: str, kind: str) -> tuple[nn.Module, torch.optim.Optimizer]:
     model = ex.uneven_mlp()
     shard = fully_shard if library == "ours" else torch_fully_shard
+    mesh = world_mesh()  # torch's default mesh would be the GPU, if one is seen
     for layer in model:
         if isinstance(layer, nn.Linear):
-            shard(layer)
-    shard(model)
+            shard(layer, mesh=mesh)
+    shard(model, mesh=mesh)
     return model, ex.optimizer(kind, model.parameters())
 
 

@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from distcourse.examples import sharding
@@ -35,10 +36,13 @@ STEPS = 3
 def train(rank, world, name, out):
     """Train a fresh model with optimizer `name` under FSDP; report and save."""
     model = sharding.uneven_mlp()
+    # gloo ranks compute on the CPU: say so, as torch's default mesh would take the
+    # GPU whenever one is visible
+    mesh = init_device_mesh("cpu", (world,))  # devicecheck: host
     for layer in model:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     opt = sharding.optimizer(name, model.parameters())
     for step in range(STEPS):
         x, y = sharding.batch(step, rank)

@@ -58,10 +58,11 @@ def _wrap(name: str, model: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer
     adamw = dict(lr=1e-3, weight_decay=0.01)
     if name in ("torch FSDP2", "ours (FSDP)"):
         shard = torch_fully_shard if name == "torch FSDP2" else fsdp.fully_shard
+        mesh = fsdp.world_mesh()  # torch's default would be the GPU, if one is seen
         for layer in model:
             if isinstance(layer, nn.Linear):
-                shard(layer)
-        shard(model)
+                shard(layer, mesh=mesh)
+        shard(model, mesh=mesh)
         return model, torch.optim.AdamW(model.parameters(), **adamw)
     optimizer = TorchZero if name == "torch ZeRO-1" else zero.ZeroRedundancyOptimizer
     opt = optimizer(model.parameters(), torch.optim.AdamW, **adamw)

@@ -12,6 +12,7 @@ from distcourse.parallel.fsdp.api import (
     load_full_state_dict,
     step_bytes,
     units,
+    world_mesh,
 )
 from distcourse.parallel.fsdp.checkpoint import (
     load_model_state,
@@ -35,4 +36,5 @@ __all__ = [
     "pieces",
     "step_bytes",
     "units",
+    "world_mesh",
 ]

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from distcourse import runtime
 from distcourse.mesh import Mesh
 from distcourse.parallel.fsdp.unit import Unit
 
@@ -64,6 +65,17 @@ def fully_shard(
         module.register_forward_pre_hook(unit.before_forward)
         module.register_forward_hook(unit.after_forward)
     return module
+
+
+def world_mesh() -> DeviceMesh:
+    """The world as a 1-D DeviceMesh on this rank's device type.
+
+    What torch's `fully_shard` needs beside ours: given no mesh, torch takes the
+    accelerator's device type whenever one is visible, so CPU (gloo) ranks on a GPU
+    box would see their parameters moved to the GPU. Ours shards parameters where
+    they are, and takes this mesh too.
+    """
+    return DeviceMesh.from_group(dist.group.WORLD, runtime.device().type)
 
 
 def group_of(mesh: Mesh | DeviceMesh | None) -> Any:
