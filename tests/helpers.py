@@ -9,17 +9,28 @@ the path, as tests/ is not a package).
   a reader needs;
 - `torchrun`: the arguments after `python` that start torchrun on this machine with
   a free port of its own, never torchrun's default 29500, which two test runs at
-  once would share.
+  once would share;
+- `torch_sequence_parallel_plan`: torch's `parallelize_module` plan for a TinyGPT
+  block with sequence parallelism, as chapter 4 writes it.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+)
 
 from distcourse.launch import spawn
 from distcourse.launch.script import free_port
@@ -80,3 +91,24 @@ def chain_batch() -> tuple[Tensor, Tensor]:
     """A seeded batch (x, y) of 8 rows for tanh_chain."""
     gen = torch.Generator().manual_seed(1)
     return torch.randn(8, 8, generator=gen), torch.randn(8, 8, generator=gen)
+
+
+def torch_sequence_parallel_plan() -> dict[str, ParallelStyle]:
+    """torch's plan for one TinyGPT block with sequence parallelism (chapter 4): the
+    norms on the sequence-split input, each sub-layer gathering the tokens first,
+    column-parallel in, row-parallel out back to the split."""
+    gather = PrepareModuleInput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+    )
+    return {
+        "ln1": SequenceParallel(),
+        "ln2": SequenceParallel(),
+        "attn": gather,
+        "mlp": copy.deepcopy(gather),
+        "attn.query": ColwiseParallel(),
+        "attn.key": ColwiseParallel(),
+        "attn.value": ColwiseParallel(),
+        "mlp.fc": ColwiseParallel(),
+        "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+        "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
+    }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 
+import helpers
 import pytest
 import torch
 import torch.distributed as dist
@@ -125,33 +126,14 @@ def test_ledger_sequence_parallel_moves_the_same_bytes(world_size: int) -> None:
 
 def _against_torch() -> dict[str, float]:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
         parallelize_module,
     )
 
     n, r = dist.get_world_size(), dist.get_rank()
     torch.manual_seed(0)
     block = Block(GPTConfig(n_embd=H, n_head=4))
-    enter = PrepareModuleInput(
-        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-    )
-    plan = {
-        "ln1": SequenceParallel(),
-        "ln2": SequenceParallel(),
-        "attn": enter,
-        "mlp": copy.deepcopy(enter),
-        "attn.query": ColwiseParallel(),
-        "attn.key": ColwiseParallel(),
-        "attn.value": ColwiseParallel(),
-        "mlp.fc": ColwiseParallel(),
-        "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
-        "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
-    }
+    plan = helpers.torch_sequence_parallel_plan()
     theirs = copy.deepcopy(block)
     parallelize_module(theirs, init_device_mesh("cpu", (n,)), plan)
     ours = parallelize_block(block, sequence_parallel=True)

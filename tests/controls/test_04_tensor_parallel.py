@@ -11,6 +11,7 @@ import copy
 import os
 import tempfile
 
+import helpers
 import pytest
 import torch
 import torch.distributed as dist
@@ -205,9 +206,7 @@ def _dtensor(found: dict[str, str]) -> None:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
-        PrepareModuleInput,
         RowwiseParallel,
-        SequenceParallel,
         loss_parallel,
         parallelize_module,
     )
@@ -229,21 +228,7 @@ def _dtensor(found: dict[str, str]) -> None:
     worst = checks.max_over_ranks(max(diffs))
     found["dtensor mlp"] = f"MLP, output and 4 gradients {checks.verdict(worst, TOL)}"
 
-    gather = PrepareModuleInput(
-        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-    )
-    sp_plan = {
-        "ln1": SequenceParallel(),
-        "ln2": SequenceParallel(),
-        "attn": gather,
-        "mlp": copy.deepcopy(gather),
-        "attn.query": ColwiseParallel(),
-        "attn.key": ColwiseParallel(),
-        "attn.value": ColwiseParallel(),
-        "mlp.fc": ColwiseParallel(),
-        "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
-        "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
-    }
+    sp_plan = helpers.torch_sequence_parallel_plan()
     theirs = parallelize_module(copy.deepcopy(block), world, sp_plan)
     ours = nudged(parallelize_block(block, sequence_parallel=True), "ln1.bias")
     mine = x.tensor_split(n, 1)[rank]
