@@ -9,7 +9,10 @@ torch.distributed.checkpoint: save on N ranks, load on any other number).
 from distcourse.parallel.fsdp.api import (
     full_state_dict,
     fully_shard,
+    hidden_fraction,
     load_full_state_dict,
+    set_modules_to_backward_prefetch,
+    set_modules_to_forward_prefetch,
     step_bytes,
     units,
 )
@@ -27,12 +30,15 @@ __all__ = [
     "Unit",
     "full_state_dict",
     "fully_shard",
+    "hidden_fraction",
     "load_full_state_dict",
     "load_model_state",
     "load_optimizer_state",
     "model_state",
     "optimizer_state",
     "pieces",
+    "set_modules_to_backward_prefetch",
+    "set_modules_to_forward_prefetch",
     "step_bytes",
     "units",
 ]
