@@ -2,7 +2,7 @@
 trains to exactly the parameters it reaches without (3 SGD steps, bit for bit), the
 ledger records the same all-gathers and the same bytes (a prefetched gather is
 consumed, never made twice), the overlap measure is 0 without prefetch, and a module
-that is not a unit is refused.
+that is not a unit, or a gather prefetched across an optimizer step, is refused.
 """
 
 from __future__ import annotations
@@ -109,13 +109,21 @@ def _refused() -> list[str]:
             call()
         except ValueError as err:
             messages.append(str(err))
+    # a gather launched by the last backward is used by the next forward, after the
+    # optimizer step changed the pieces: refused, not used stale
+    model[0].set_modules_to_backward_prefetch([model[4]])
+    try:
+        ex.train(model, ex.optimizer("SGD", model.parameters()), dist.get_rank())
+    except RuntimeError as err:
+        messages.append(str(err))
     return messages
 
 
-def test_a_module_that_is_not_a_unit_is_refused() -> None:
+def test_a_module_that_is_not_a_unit_or_a_stale_gather_is_refused() -> None:
     for messages in spawn(_refused, 2, timeout=60):
-        assert len(messages) == 4
+        assert len(messages) == 5
         assert "Tanh is not a fully_shard unit" in messages[0]
         assert "Linear is not a fully_shard unit" in messages[1]
         assert "not a fully_shard unit" in messages[2]
         assert "no parameters of its own" in messages[3]
+        assert "changed after its all-gather was prefetched" in messages[4]

@@ -9,6 +9,7 @@ torch.distributed.checkpoint: save on N ranks, load on any other number).
 from distcourse.parallel.fsdp.api import (
     full_state_dict,
     fully_shard,
+    gather_seconds,
     hidden_fraction,
     load_full_state_dict,
     set_modules_to_backward_prefetch,
@@ -30,6 +31,7 @@ __all__ = [
     "Unit",
     "full_state_dict",
     "fully_shard",
+    "gather_seconds",
     "hidden_fraction",
     "load_full_state_dict",
     "load_model_state",

@@ -9,7 +9,8 @@ options=StateDictOptions(full_state_dict=True))`: every parameter whole, on ever
 rank; `load_full_state_dict` cuts one back into pieces.
 `set_modules_to_forward_prefetch(module, modules)` (also a method of each sharded
 module, as FSDP2's `FSDPModule` has) makes `module`'s forward launch the gathers of
-`modules` early; `hidden_fraction(model)` measures how much of them compute hid.
+`modules` early; `hidden_fraction(model)` measures how much of them compute hid
+(`gather_seconds(model)`: the seconds).
 
 Everything is checked before the first collective, alike on every rank: a module
 sharded twice, a mesh that is not 1-D or not within the world, parameters of mixed
@@ -115,14 +116,12 @@ def _targets(modules: Iterable[nn.Module]) -> list[Unit]:
     return [UNITS[m] for m in modules if UNITS[m] is not None]
 
 
-def hidden_fraction(model: nn.Module, clear: bool = True) -> float:
-    """Share of the all-gathers' seconds in flight that compute provably hid: 0 to 1.
-
-    Over the gathers of every unit in `model` since the last call (`clear`), from
-    launch to completion: a gather counts whole if it completed before its unit's
-    `unshard` began to wait on it, else nothing (it may have sat queued). A gather
-    made when needed, without prefetch, completes after the wait began: 0.
-    """
+def gather_seconds(model: nn.Module) -> tuple[float, float]:
+    """(hidden, in flight): seconds of the all-gathers of `model`'s units, timed
+    since `hidden_fraction` last cleared them, from launch to completion (in flight)
+    and of those that completed before their unit's `unshard` began to wait (hidden:
+    counted whole; one that completed later counts nothing, it may have sat queued).
+    A gather made when needed, without prefetch, completes after the wait began."""
     hidden = busy = 0.0
     for unit in units(model):
         spans = {e.name: e for e in unit.timeline}
@@ -130,7 +129,16 @@ def hidden_fraction(model: nn.Module, clear: bool = True) -> float:
             gather, use = spans[f"all_gather {k}"], spans[f"unshard {k}"]
             busy += gather.seconds
             hidden += gather.seconds if gather.end <= use.start else 0.0
-        if clear:
+    return hidden, busy
+
+
+def hidden_fraction(model: nn.Module, clear: bool = True) -> float:
+    """Share of the all-gathers' seconds in flight that compute provably hid: 0 to 1
+    (`gather_seconds`); 0.0 without prefetch or without gathers. `clear` forgets
+    the timed gathers, so the next call measures the steps after this one."""
+    hidden, busy = gather_seconds(model)
+    if clear:
+        for unit in units(model):
             unit.timeline.clear()
             unit.gathers = 0
     return hidden / busy if busy > 0 else 0.0
