@@ -117,11 +117,12 @@ def _targets(modules: Iterable[nn.Module]) -> list[Unit]:
 
 
 def gather_seconds(model: nn.Module) -> tuple[float, float]:
-    """(hidden, in flight): seconds of the all-gathers of `model`'s units, timed
-    since `hidden_fraction` last cleared them, from launch to completion (in flight)
-    and of those that completed before their unit's `unshard` began to wait (hidden:
-    counted whole; one that completed later counts nothing, it may have sat queued).
-    A gather made when needed, without prefetch, completes after the wait began."""
+    """(hidden, in flight): seconds of the all-gathers of `model`'s units in the
+    last step (a unit's timeline restarts with its forward). In flight: launch to
+    completion. Hidden: those that completed before their unit's `unshard` began
+    to wait, counted whole; one that completed later counts nothing (it may have
+    sat queued). A gather made when needed, without prefetch, completes after the
+    wait began."""
     hidden = busy = 0.0
     for unit in units(model):
         spans = {e.name: e for e in unit.timeline}
@@ -134,8 +135,8 @@ def gather_seconds(model: nn.Module) -> tuple[float, float]:
 
 def hidden_fraction(model: nn.Module, clear: bool = True) -> float:
     """Share of the all-gathers' seconds in flight that compute provably hid: 0 to 1
-    (`gather_seconds`); 0.0 without prefetch or without gathers. `clear` forgets
-    the timed gathers, so the next call measures the steps after this one."""
+    (`gather_seconds`, the last step); 0.0 without prefetch or without gathers.
+    `clear` forgets the timed gathers (a second call then gives 0.0)."""
     hidden, busy = gather_seconds(model)
     if clear:
         for unit in units(model):

@@ -20,8 +20,8 @@ Prefetch (opt-in, FSDP2's `set_modules_to_forward_prefetch` /
 launches the all-gathers of the units named as its prefetch with `async_op=True`;
 their `unshard` then waits on that pending work instead of gathering again, so the
 same bytes move, earlier, and the gather can run while this unit computes. Each
-gather is timed (`timeline`: launch to completion, and when `unshard` began to wait
-on it) for `prefetch.hidden_fraction`.
+gather of the last step is timed (`timeline`: launch to completion, and when
+`unshard` began to wait on it) for `api.hidden_fraction`.
 
 Chapter 6's notation: a parameter is S(0); gathering makes it B to be used; its
 gradient arrives P (each rank's batch contributes) and is reduce-scattered to S(0).
@@ -176,6 +176,8 @@ class Unit:
     # ------------------------------------------------------------- the hooks --
 
     def before_forward(self, _module: nn.Module, _args: Any) -> None:
+        self.timeline.clear()  # a new step: keep its gathers only (bounded, as DDP's)
+        self.gathers = 0
         self.unshard()
         for unit in self.forward_prefetch:
             unit.prefetch()
