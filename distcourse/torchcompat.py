@@ -84,7 +84,9 @@ def set_group_timeout(group: dist.ProcessGroup, timeout: timedelta) -> None:
         group.set_timeout(timeout)
 
 
-def all_gather_tensor(output: Tensor, input: Tensor, group: Any = None) -> None:
+def all_gather_tensor(
+    output: Tensor, input: Tensor, group: Any = None, async_op: bool = False
+) -> Any:
     """All-gather `input` from every rank into `output`, rank by rank along dim 0.
 
     `dist.all_gather_single` where torch has it (2.14 deprecates
@@ -95,7 +97,7 @@ def all_gather_tensor(output: Tensor, input: Tensor, group: Any = None) -> None:
     gather = getattr(dist, "all_gather_single", None)  # a missing name on 2.11
     if gather is None:
         gather = dist.all_gather_into_tensor
-    gather(output, input, group=group)
+    return gather(output, input, group=group, async_op=async_op)
 
 
 def reduce_scatter_tensor(output: Tensor, input: Tensor, group: Any = None) -> None:

@@ -42,6 +42,12 @@ def _sharded(model: nn.Sequential, shard=fsdp.fully_shard) -> nn.Sequential:  # 
     return model
 
 
+def torch_on_this_device(module: nn.Module) -> nn.Module:
+    """torch's fully_shard on the rank's device: its default mesh takes the GPU
+    whenever one is visible, also for CPU ranks."""
+    return torch_fully_shard(module, mesh=fsdp.world_mesh())
+
+
 def _zero(model: nn.Module, kind: str, cls=zero.ZeroRedundancyOptimizer):  # noqa: ANN001, ANN202
     opt_cls, options = ex.OPTIMIZERS[kind]
     return cls(model.parameters(), opt_cls, **options)
@@ -103,6 +109,7 @@ def _faults() -> dict[str, str]:
     lines.update(_versus_torch(rank, faulty))
     lines.update(_resumed(rank))
     lines.update(_fsdp_tp(rank))
+    lines.update(_prefetch(rank))
     return lines
 
 
@@ -240,12 +247,49 @@ def _versus_torch(rank: int, ours: dict[tuple[str, str], dict]) -> dict[str, str
         lines[f"torch ZeRO-1 {kind}"] = _versus(
             theirs.state_dict(), ours["ZeRO-1", kind], what
         )
-        theirs = _sharded(ex.uneven_mlp(), torch_fully_shard)
+        theirs = _sharded(ex.uneven_mlp(), torch_on_this_device)
         ex.train(theirs, ex.optimizer(kind, theirs.parameters()), rank)
         options = StateDictOptions(full_state_dict=True)
         full = get_model_state_dict(theirs, options=options)
         what = f"FSDP {kind}: max |ours - torch's|"
         lines[f"torch FSDP {kind}"] = _versus(full, ours["FSDP", kind], what)
+    return lines
+
+
+def _prefetch(rank: int) -> dict[str, str]:
+    """The chapter's prefetch checks, against a prefetch that goes stale: the first
+    layer's backward prefetches the last layer, whose gather the next forward then
+    uses after the optimizer step, with the unit's staleness check removed (and one
+    gather launched by the last step, never used)."""
+
+    def unchecked(self: fsdp.unit.Pending, _sharded: object) -> torch.Tensor:
+        self.work.wait()
+        return self.segments
+
+    def trained(prefetch: bool) -> tuple[nn.Module, Ledger]:
+        model = _sharded(ex.uneven_mlp())
+        if prefetch:
+            model[0].set_modules_to_backward_prefetch([model[4]])
+        with Ledger() as ledger:
+            ex.train(model, ex.optimizer("SGD", model.parameters()), rank)
+        return model, ledger
+
+    checked = fsdp.unit.Pending.result
+    (off, sent_off) = trained(False)
+    fsdp.unit.Pending.result = unchecked
+    try:
+        (on, sent_on) = trained(True)
+    finally:
+        fsdp.unit.Pending.result = checked
+    full = fsdp.full_state_dict(on), fsdp.full_state_dict(off)
+    diff = checks.max_over_ranks(ex.max_difference(*full))
+    lines = {
+        "prefetch": f"prefetch on = off after 3 SGD steps, bit for bit: {diff == 0}"
+    }
+    calls = [sum("all_gather" in r.op for r in s.records) for s in (sent_off, sent_on)]
+    same = calls[0] == calls[1] and sent_off.bytes_sent() == sent_on.bytes_sent()
+    what = "the same calls and wire bytes as without"
+    lines["prefetch bytes"] = f"{calls[1]} all-gathers, {what}: {same}"
     return lines
 
 
@@ -333,3 +377,18 @@ def test_a_resume_without_the_optimizer_state_fails(lines: dict[str, str]) -> No
 def test_a_faulty_2d_run_fails_against_one_process(lines: dict[str, str]) -> None:
     for name in ("2x2 SGD", "2x2 AdamW"):
         assert lines[name].endswith("FAIL"), lines[name]
+
+
+@pytest.mark.controls(
+    "09_zero_fsdp",
+    r"prefetch on = off after 3 SGD steps, bit for bit",
+    fault="a gather prefetched by the last backward, used stale by the next forward",
+)
+@pytest.mark.controls(
+    "09_zero_fsdp",
+    r"\d+ all-gathers, the same calls and wire bytes as without",
+    fault="a stale prefetch, and one gather launched by the last step never used",
+)
+def test_a_stale_prefetch_fails_against_no_prefetch(lines: dict[str, str]) -> None:
+    for name in ("prefetch", "prefetch bytes"):
+        assert lines[name].endswith("False"), lines[name]

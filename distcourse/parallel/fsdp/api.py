@@ -7,6 +7,10 @@ it to each block, then to the root, and build the optimizer afterwards, on
 `model.parameters()`. `full_state_dict(model)` is `get_model_state_dict(model,
 options=StateDictOptions(full_state_dict=True))`: every parameter whole, on every
 rank; `load_full_state_dict` cuts one back into pieces.
+`set_modules_to_forward_prefetch(module, modules)` (also a method of each sharded
+module, as FSDP2's `FSDPModule` has) makes `module`'s forward launch the gathers of
+`modules` early; `hidden_fraction(model)` measures how much of them compute hid
+(`gather_seconds(model)`: the seconds).
 
 Everything is checked before the first collective, alike on every rank: a module
 sharded twice, a mesh that is not 1-D or not within the world, parameters of mixed
@@ -16,7 +20,9 @@ parameters `fully_shard` replaced (refused when it first steps).
 
 from __future__ import annotations
 
+import functools
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -64,6 +70,8 @@ def fully_shard(
     if unit is not None:
         module.register_forward_pre_hook(unit.before_forward)
         module.register_forward_hook(unit.after_forward)
+    for method in (set_modules_to_forward_prefetch, set_modules_to_backward_prefetch):
+        setattr(module, method.__name__, functools.partial(method, module))
     return module
 
 
@@ -76,6 +84,77 @@ def world_mesh() -> DeviceMesh:
     they are, and takes this mesh too.
     """
     return DeviceMesh.from_group(dist.group.WORLD, runtime.device().type)
+
+
+def set_modules_to_forward_prefetch(
+    module: nn.Module, modules: Iterable[nn.Module]
+) -> None:
+    """When `module`'s forward starts, launch the all-gathers of `modules` (units
+    that run next): FSDP2's `FSDPModule.set_modules_to_forward_prefetch`."""
+    targets = list(modules)
+    unit = _prefetching(module, targets, "forward")  # checked before any is looked up
+    unit.forward_prefetch = _targets(targets)
+
+
+def set_modules_to_backward_prefetch(
+    module: nn.Module, modules: Iterable[nn.Module]
+) -> None:
+    """When `module`'s backward starts, launch the all-gathers of `modules` (units
+    whose backward comes next, e.g. the block before it)."""
+    targets = list(modules)
+    unit = _prefetching(module, targets, "backward")  # checked before any is looked up
+    unit.backward_prefetch = _targets(targets)
+
+
+def _prefetching(module: nn.Module, modules: Iterable[nn.Module], when: str) -> Unit:
+    """The unit of `module`, after checking it and `modules` (no collective)."""
+    for m in [module, *modules]:
+        if not isinstance(m, nn.Module) or m not in UNITS:
+            raise ValueError(
+                f"set_modules_to_{when}_prefetch: {type(m).__name__} is not a "
+                "fully_shard unit; apply fully_shard to it first"
+            )
+    unit = UNITS[module]
+    if unit is None:
+        raise ValueError(
+            f"set_modules_to_{when}_prefetch: this {type(module).__name__} has no "
+            "parameters of its own, so no hook of its own to prefetch from"
+        )
+    return unit
+
+
+def _targets(modules: Iterable[nn.Module]) -> list[Unit]:
+    """The units to prefetch (a unit with no parameters of its own gathers nothing)."""
+    return [UNITS[m] for m in modules if UNITS[m] is not None]
+
+
+def gather_seconds(model: nn.Module) -> tuple[float, float]:
+    """(hidden, in flight): seconds of the all-gathers of `model`'s units in the
+    last step (a unit's timeline restarts with its forward). In flight: launch to
+    completion. Hidden: those that completed before their unit's `unshard` began
+    to wait, counted whole; one that completed later counts nothing (it may have
+    sat queued). A gather made when needed, without prefetch, completes after the
+    wait began."""
+    hidden = busy = 0.0
+    for unit in units(model):
+        spans = {e.name: e for e in unit.timeline}
+        for k in range(unit.gathers):
+            gather, use = spans[f"all_gather {k}"], spans[f"unshard {k}"]
+            busy += gather.seconds
+            hidden += gather.seconds if gather.end <= use.start else 0.0
+    return hidden, busy
+
+
+def hidden_fraction(model: nn.Module, clear: bool = True) -> float:
+    """Share of the all-gathers' seconds in flight that compute provably hid: 0 to 1
+    (`gather_seconds`, the last step); 0.0 without prefetch or without gathers.
+    `clear` forgets the timed gathers (a second call then gives 0.0)."""
+    hidden, busy = gather_seconds(model)
+    if clear:
+        for unit in units(model):
+            unit.timeline.clear()
+            unit.gathers = 0
+    return hidden / busy if busy > 0 else 0.0
 
 
 def group_of(mesh: Mesh | DeviceMesh | None) -> Any:

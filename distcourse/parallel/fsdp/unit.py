@@ -15,12 +15,21 @@ needed and freed after:
   gradients, divided by N, adds each rank's rows to its piece's `.grad`; the buffer
   is freed.
 
+Prefetch (opt-in, FSDP2's `set_modules_to_forward_prefetch` /
+`set_modules_to_backward_prefetch`): when this unit's forward (backward) starts, it
+launches the all-gathers of the units named as its prefetch with `async_op=True`;
+their `unshard` then waits on that pending work instead of gathering again, so the
+same bytes move, earlier, and the gather can run while this unit computes. Each
+gather of the last step is timed (`timeline`: launch to completion, and when
+`unshard` began to wait on it) for `api.hidden_fraction`.
+
 Chapter 6's notation: a parameter is S(0); gathering makes it B to be used; its
 gradient arrives P (each rank's batch contributes) and is reduce-scattered to S(0).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +40,7 @@ from torch.autograd.graph import register_multi_grad_hook
 
 from distcourse import torchcompat
 from distcourse.parallel.fsdp.layout import Piece, pieces
+from distcourse.trace import Event
 
 
 class Unit:
@@ -66,6 +76,11 @@ class Unit:
         ]
         self.free()
         self.arrived = 0
+        self.forward_prefetch: list[Unit] = []
+        self.backward_prefetch: list[Unit] = []
+        self.pending: Pending | None = None
+        self.timeline: list[Event] = []  # "all_gather k" and "unshard k" spans
+        self.gathers = 0  # how many gathers this unit timed: the k in their names
         for leaf in self.full:
             if leaf.requires_grad:
                 leaf.register_post_accumulate_grad_hook(self._on_gradient)
@@ -93,20 +108,48 @@ class Unit:
         return self.buffer.untyped_storage().nbytes() > 0
 
     def unshard(self) -> None:
-        """All-gather the pieces into the buffer (nothing if it holds them already)."""
+        """All-gather the pieces into the buffer (nothing if it holds them already);
+        a prefetched gather is waited on, not sent again."""
         if self.gathered:
             return
+        waited = time.perf_counter()  # needed from now: before a gather made here
+        if self.pending is None:
+            self.prefetch()
+        pending, self.pending = self.pending, None
+        assert pending is not None
+        segments = pending.result(self.sharded)
         self.buffer.untyped_storage().resize_(self.buffer.numel() * self._size())
-        segments = self.gather_segments()
         with torch.no_grad():
             for piece, start in self._blocks():
                 block = self.buffer[start : start + self.world * piece.padded]
                 block.view(self.world, piece.padded).copy_(
                     segments[:, piece.offset : piece.offset + piece.padded]
                 )
+        k = self.gathers
+        self.gathers += 1
+        self.timeline.append(Event(f"all_gather {k}", pending.launched, pending.done))
+        self.timeline.append(Event(f"unshard {k}", waited, time.perf_counter()))
+
+    def prefetch(self) -> None:
+        """Launch this unit's all-gather and return at once (nothing if the full
+        parameters are there or a gather is already in flight)."""
+        if self.gathered or self.pending is not None:
+            return
+        with torch.no_grad():
+            mine = torch.cat(
+                [pc.pad(p) for pc, p in zip(self.pieces, self.sharded, strict=True)]
+            )
+            out = torch.empty(self.world * self.width, dtype=self.dtype)
+            out = out.to(self.device)
+            launched = time.perf_counter()
+            work = torchcompat.all_gather_tensor(out, mine, self.group, async_op=True)
+        versions = [p._version for p in self.sharded]
+        self.pending = Pending(
+            work, out.view(self.world, self.width), launched, versions
+        )
 
     def gather_segments(self) -> Tensor:
-        """One all-gather: [rank, width], every rank's padded pieces."""
+        """One all-gather, waited on: [rank, width], every rank's padded pieces."""
         with torch.no_grad():
             mine = torch.cat(
                 [pc.pad(p) for pc, p in zip(self.pieces, self.sharded, strict=True)]
@@ -133,7 +176,11 @@ class Unit:
     # ------------------------------------------------------------- the hooks --
 
     def before_forward(self, _module: nn.Module, _args: Any) -> None:
+        self.timeline.clear()  # a new step: keep its gathers only (bounded, as DDP's)
+        self.gathers = 0
         self.unshard()
+        for unit in self.forward_prefetch:
+            unit.prefetch()
         self.use_full(True)
 
     def after_forward(self, _module: nn.Module, _args: Any, output: Any) -> Any:
@@ -147,6 +194,8 @@ class Unit:
 
     def _before_backward(self, _grad: Tensor) -> None:
         self.unshard()
+        for unit in self.backward_prefetch:
+            unit.prefetch()
 
     def _on_gradient(self, _leaf: Tensor) -> None:
         self.arrived += 1
@@ -176,6 +225,38 @@ class Unit:
             rows = mine[: piece.rows * piece.row_numel].view_as(shard).clone()
             shard.grad = rows if shard.grad is None else shard.grad + rows
             leaf.grad = None
+
+
+class Pending:
+    """An all-gather in flight: its Work, where it lands, and when it was launched
+    and completed (a callback stamps completion, as DDP's buckets do)."""
+
+    def __init__(
+        self, work: Any, segments: Tensor, launched: float, versions: list[int]
+    ) -> None:
+        self.work = work
+        self.segments = segments
+        self.launched = launched
+        self.done = launched
+        self.versions = versions  # the pieces' version counters at launch
+        self.stamped = work.get_future().then(self._stamp)
+
+    def _stamp(self, future: torch.futures.Future) -> None:
+        future.value()  # re-raise the gather's error, if any
+        self.done = time.perf_counter()
+
+    def result(self, sharded: list[nn.Parameter]) -> Tensor:
+        """Wait for the gather; refuse it if the pieces changed since its launch
+        (an optimizer step in between would make it gather stale values)."""
+        self.work.wait()
+        self.stamped.wait()
+        if self.versions != [p._version for p in sharded]:
+            raise RuntimeError(
+                "fsdp prefetch: a unit's pieces changed after its all-gather was "
+                "prefetched (an optimizer step between launch and use); prefetch only "
+                "units that run later in the same forward or backward"
+            )
+        return self.segments
 
 
 def _tensors(value: Any) -> list[Tensor]:
