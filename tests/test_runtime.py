@@ -84,6 +84,22 @@ def test_a_crashing_rank_is_named(tmp_path) -> None:
     _assert_gone(str(tmp_path / "pid"), 2)
 
 
+def _sees_then_dies() -> None:
+    """Rank 0 fails at once, as a peer of a crashed rank would; rank 1 then dies."""
+    if dist.get_rank() == 0:
+        raise RuntimeError("Connection reset by peer")
+    time.sleep(0.3)
+    os._exit(3)
+
+
+def test_the_rank_that_died_is_named_not_the_one_that_saw_it() -> None:
+    """Which pipe is read first is a race: the death must win it."""
+    cause = r"rank 1 failed: process died \(exit code 3\); then rank 0 failed"
+    with pytest.raises(RankError, match=cause) as err:
+        spawn(_sees_then_dies, 2, timeout=10)
+    assert err.value.rank == 1
+
+
 def test_a_hanging_rank_ends_within_the_timeout(tmp_path) -> None:
     """Rank 1 never reaches the barrier: rank 0's barrier times out and is reported."""
     start = time.monotonic()

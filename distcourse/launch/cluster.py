@@ -30,6 +30,7 @@ from distcourse import rendezvous, runtime
 from distcourse.arguments import positive_int
 
 DEFAULT_RANKS = 4  # on a CPU machine; a GPU box defaults to one rank per GPU
+HUB_TIMEOUT = 60  # seconds for the controller to answer the first connection
 # Engines become visible on the controller's heartbeat, so its period bounds how
 # soon a cluster is ready; ipyparallel's default period (3 s) would hold up every
 # start. 200 ms beats with 150 allowed misses keep the default's 30 s tolerance for
@@ -209,7 +210,9 @@ def _connect(
 ) -> tuple[ipp.Client, ipp.DirectView, list[dict], float]:
     """Start the engines, wait for all n, join each to the group as rank = engine id."""
     cluster.start_cluster_sync()
-    client = cluster.connect_client_sync()
+    # ipyparallel waits 10 s for the controller's reply; a loaded 2-core machine
+    # (tests two at a time, a notebook starting its engines) has taken longer
+    client = cluster.connect_client_sync(timeout=HUB_TIMEOUT)
     client.wait_for_engines(n, timeout=120, interactive=False)
     ready = time.perf_counter()
     ids = sorted(client.ids)

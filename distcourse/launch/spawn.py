@@ -144,16 +144,51 @@ def _collect(procs: list, conns: dict, end: float, wait: Callable) -> list[Any]:
             raise TimeoutError(f"ranks {missing} did not finish within the deadline")
         for conn in ready:
             rank = conns.pop(conn)
-            try:
-                status, value = conn.recv()
-            except EOFError:
-                procs[rank].join(timeout=1)
-                code = procs[rank].exitcode
-                raise RankError(rank, f"process died (exit code {code})") from None
-            if status == "error":
-                raise RankError(rank, value)
-            results[rank] = pickle.loads(value)
+            failure = _receive(procs, conn, rank, results)
+            if failure is not None:
+                raise _cause(failure, procs, conns, wait)
     return [results[r] for r in range(len(procs))]
+
+
+class RankDied(RankError):
+    """A rank whose process ended without a reply (a crash, os._exit, a kill)."""
+
+
+# how long an error waits for a rank's death to surface before it is reported
+DEATH_GRACE = 2.0
+
+
+def _receive(procs: list, conn: Any, rank: int, results: dict) -> RankError | None:
+    """Read `rank`'s reply into `results`; its failure (an error or a death), if any."""
+    try:
+        status, value = conn.recv()
+    except EOFError:
+        procs[rank].join(timeout=1)
+        return RankDied(rank, f"process died (exit code {procs[rank].exitcode})")
+    if status == "error":
+        return RankError(rank, value)
+    results[rank] = pickle.loads(value)
+    return None
+
+
+def _cause(failure: RankError, procs: list, conns: dict, wait: Callable) -> RankError:
+    """The failure to report: a rank that died rather than one that only saw it die.
+
+    When a rank crashes, its peers' next collective fails too ('Connection reset by
+    peer'), and which pipe is read first is a race. So an error waits up to
+    DEATH_GRACE seconds for a death among the ranks still running; a death wins."""
+    if isinstance(failure, RankDied):
+        return failure
+    end = time.monotonic() + DEATH_GRACE
+    while conns and (left := end - time.monotonic()) > 0:
+        for conn in wait(list(conns), timeout=left):
+            rank = conns.pop(conn)
+            if isinstance(_receive(procs, conn, rank, {}), RankDied):
+                code = procs[rank].exitcode
+                return RankDied(
+                    rank, f"process died (exit code {code}); then {failure}"
+                )
+    return failure
 
 
 def _stop_all(procs: list) -> None:
