@@ -122,7 +122,7 @@ class Links:
             try:  # gloo may refuse at once, e.g. when the peer's connection closed
                 work = dist.irecv(x, link[1], group=group) if x.numel() else None
             except Exception as err:
-                what = "an activation" if link[0] == "F" else "a gradient"
+                what = _moving(link)
                 raise RuntimeError(
                     f"waiting for {what} from rank {link[1]}: {err}"
                 ) from err
@@ -147,7 +147,7 @@ class Links:
             try:  # gloo may refuse at once, e.g. when the peer's connection closed
                 work = dist.isend(x, link[2], group=self.groups[link])
             except Exception as err:
-                what = "an activation" if link[0] == "F" else "a gradient"
+                what = _moving(link)
                 raise RuntimeError(f"sending {what} to rank {link[2]}: {err}") from err
             self.sending.append((work, x, link))
         while self.sending and self.sending[0][0].is_completed():
@@ -156,7 +156,7 @@ class Links:
     def recv(self, link: Link, expect: Shape) -> Tensor:
         """Wait for the next tensor on `link`; ValueError unless it is `expect`."""
         self.raise_errors()
-        what = "an activation" if link[0] == "F" else "a gradient"
+        what = _moving(link)
         work, x = None, None
         if not self.every:
             work, x = self.posted[link].popleft()
@@ -209,13 +209,19 @@ class Links:
                 if not self.errors:
                     p2p.send_tensor(item, link[2], group=self.groups[link])
             except BaseException as err:  # reported by flush()
-                what = "activation" if link[0] == "F" else "gradient"
                 self.errors.append(
-                    RuntimeError(f"sending a {what} to rank {link[2]} failed: {err}")
+                    RuntimeError(
+                        f"sending {_moving(link)} to rank {link[2]} failed: {err}"
+                    )
                 )
             finally:
                 q.task_done()
         q.task_done()
+
+
+def _moving(link: Link) -> str:
+    """What a link carries, for error messages: forward links carry activations."""
+    return "an activation" if link[0] == "F" else "a gradient"
 
 
 def _finish(work: dist.Work, x: Tensor, link: Link) -> None:
@@ -223,7 +229,7 @@ def _finish(work: dist.Work, x: Tensor, link: Link) -> None:
     try:
         work.wait()
     except Exception as err:
-        what = "an activation" if link[0] == "F" else "a gradient"
+        what = _moving(link)
         raise RuntimeError(f"sending {what} to rank {link[2]}: {err}") from err
 
 
