@@ -14,11 +14,26 @@ import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from distcourse import runtime, tables
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    """An MLP benchmark's model size, per-rank batch, and how many steps to time
+    (`bench ddp` and `bench zero`)."""
+
+    width: int
+    depth: int
+    d_in: int
+    batch: int
+    warmup: int
+    steps: int
+    worlds: tuple[int, ...] = (2, 4)
 
 
 def parser(name: str, description: str, quick: str) -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
@@ -29,18 +29,7 @@ IMPLEMENTATIONS = ("torch DDP", "ours (DDP)", "naive average")
 BUCKET_MB = 25.0  # torch's default cap; see the chapter for how the size was tuned
 
 
-@dataclass(frozen=True)
-class Config:
-    """Model size, per-rank batch, and how many steps to time."""
-
-    width: int
-    depth: int
-    d_in: int
-    batch: int
-    warmup: int
-    steps: int
-    worlds: tuple[int, ...] = (2, 4)
-
+Config = common.MLPConfig  # the model, batch and steps these timings use
 
 FULL = Config(width=1024, depth=4, d_in=256, batch=32, warmup=5, steps=200)
 QUICK = Config(width=64, depth=3, d_in=32, batch=8, warmup=1, steps=3)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
@@ -36,18 +36,7 @@ IMPLEMENTATIONS = ("torch ZeRO-1", "ours (ZeRO-1)", "torch FSDP2", "ours (FSDP)"
 PAIRS = {"zero1_ratio": (1, 0), "fsdp_ratio": (3, 2)}  # (ours, torch's) indices
 
 
-@dataclass(frozen=True)
-class Config:
-    """Model size, per-rank batch, and how many steps to time."""
-
-    width: int
-    depth: int
-    d_in: int
-    batch: int
-    warmup: int
-    steps: int
-    worlds: tuple[int, ...] = (2, 4)
-
+Config = common.MLPConfig  # the model, batch and steps these timings use
 
 FULL = Config(width=512, depth=4, d_in=256, batch=32, warmup=3, steps=40)
 QUICK = Config(width=64, depth=3, d_in=32, batch=8, warmup=1, steps=3)
