@@ -192,13 +192,19 @@ def rank_memory(
     return out
 
 
+def bucket_bytes(policy: DTypePolicy, layout: PlanLayout, total: int) -> int:
+    """DDP's flat gradient buckets in the reduce dtype, r x P, when dp > 1 without
+    ZeRO-2/3; 0 when the gradients are views into them (bucket_view)."""
+    if layout.dp > 1 and layout.zero <= 1 and not layout.bucket_view:
+        return policy.reduce_bytes * total
+    return 0
+
+
 def buffers(
     model: ModelSpec, b: int, policy: DTypePolicy, layout: PlanLayout, total: int
 ) -> int:
     """Gradient buckets (DP), gathered blocks (ZeRO-3), a recomputed block (ckpt)."""
-    out = 0
-    if layout.dp > 1 and layout.zero <= 1 and not layout.bucket_view:
-        out += policy.reduce_bytes * total
+    out = bucket_bytes(policy, layout, total)
     if layout.zero == 3 and layout.dp > 1:
         out += 2 * policy.weight_bytes * block_params(model.hidden, layout.tp)
     if layout.ckpt != "none":
