@@ -178,5 +178,18 @@ def test_search_ranks_layouts_that_fit_fastest_first() -> None:
 
 def test_explain_prints_every_formula() -> None:
     text = cli.run(["--explain"])
-    for needle in ("params = L (12 h^2 + 13 h)", "in flight", "step = compute"):
+    for needle in ("params = L (12 h^2 + 13 h)", "min(m, p - r)", "step = compute"):
         assert needle in text
+
+
+def test_data_parallel_wire_bytes_are_chapter_9s_on_even_shares() -> None:
+    from distcourse.parallel.zero import step_bytes
+
+    d = 4  # a model of P elements, P % d == 0: every share even
+    for zero in (0, 1, 2):
+        model = plan.ModelSpec(1, 16, 1, 1, 1)
+        P = memory.stage_params(model, plan.PlanLayout(), 0)
+        layout = plan.PlanLayout(dp=d, zero=zero)
+        sent = timing.rank_messages(model, d, FP32, layout, 0)["dp"][0]
+        ours = [step_bytes(zero, [P // d] * d, P // d, r) for r in range(d)]
+        assert P % d == 0 and ours == [sent] * d, (zero, P)
