@@ -193,3 +193,15 @@ def test_data_parallel_wire_bytes_are_chapter_9s_on_even_shares() -> None:
         sent = timing.rank_messages(model, d, FP32, layout, 0)["dp"][0]
         ours = [step_bytes(zero, [P // d] * d, P // d, r) for r in range(d)]
         assert P % d == 0 and ours == [sent] * d, (zero, P)
+
+
+def test_zero_papers_figure_1() -> None:
+    """Rajbhandari et al. 2020, figure 1: 7.5B parameters on 64 GPUs, mixed
+    precision with Adam (K = 12): 120, 31.4, 16.6 and 1.9 GB per GPU."""
+    psi, d = 7_500_000_000, 64
+    policy = plan.DTypePolicy("bf16")
+    got = [
+        sum(plan.model_state(policy, zero, psi, -(-psi // d), 0).values()) / 1e9
+        for zero in range(4)
+    ]
+    assert [round(g, 1) for g in got] == [120.0, 31.4, 16.6, 1.9]
