@@ -205,3 +205,32 @@ def test_zero_papers_figure_1() -> None:
         for zero in range(4)
     ]
     assert [round(g, 1) for g in got] == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_bf16_activations_are_the_planners() -> None:
+    """A TinyGPT with bf16 weights under CPU autocast (chapter 10's mixed precision)
+    keeps for backward what the planner says for the bf16 policy, within 5 %: bf16
+    values, an fp32 softmax in the loss, int64 token ids."""
+    import torch
+
+    from distcourse.examples.gpt import lm_loss, token_batches
+    from distcourse.parallel.tensor.memory import saved_activation_bytes
+
+    cfg = GPTConfig(vocab=64, block_size=32, n_layer=2, n_head=4, n_embd=64)
+    model = TinyGPT(cfg).to(torch.bfloat16)
+    ((x, y),) = token_batches(1, 4, cfg)
+
+    class Step(torch.nn.Module):  # the forward and its loss, as one module
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return lm_loss(self.model(ids), y)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        measured = sum(saved_activation_bytes(Step(), x).values())
+    spec = plan.ModelSpec.from_config(cfg)
+    policy = plan.DTypePolicy("bf16")
+    want = plan.rank_memory(spec, 4, policy, plan.PlanLayout(), 0)["activations"]
+    assert abs(measured - want) <= 0.05 * measured, (measured, want)
