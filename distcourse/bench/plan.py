@@ -23,7 +23,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from distcourse import plan, tables
+from distcourse import plan, runtime, tables
 from distcourse.bench import common
 from distcourse.bench import hybrid as hybrid_bench
 from distcourse.comm import costmodel
@@ -41,7 +41,9 @@ def fit(ranks: int) -> dict[str, float]:
     torch.set_num_threads(1)
     times = costmodel.measure(dist.all_reduce, SIZES, repeats=5)
     alpha, beta = costmodel.fit_collective("ring_all_reduce", SIZES, times, ranks)
-    rate = torch.tensor([plan.matmul_rate(256)], dtype=torch.float64)
+    rate = torch.tensor(
+        [plan.matmul_rate(256)], dtype=torch.float64, device=runtime.device()
+    )
     dist.all_reduce(rate, op=dist.ReduceOp.MIN)
     return dict(alpha=max(alpha, 0.0), beta=max(beta, 0.0), flops=rate.item())
 
