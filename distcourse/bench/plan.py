@@ -42,7 +42,9 @@ def fit(ranks: int) -> dict[str, float]:
     times = costmodel.measure(dist.all_reduce, SIZES, repeats=5)
     alpha, beta = costmodel.fit_collective("ring_all_reduce", SIZES, times, ranks)
     rate = torch.tensor(
-        [plan.matmul_rate(256)], dtype=torch.float64, device=runtime.device()
+        [plan.matmul_rate(256, device=runtime.device())],
+        dtype=torch.float64,
+        device=runtime.device(),
     )
     dist.all_reduce(rate, op=dist.ReduceOp.MIN)
     return dict(alpha=max(alpha, 0.0), beta=max(beta, 0.0), flops=rate.item())
