@@ -155,6 +155,8 @@ def test_cli_one_layout_as_json(capsys: pytest.CaptureFixture[str]) -> None:
         (["--layout", "dp=x"], "dp must be an integer, got 'x'"),
         (["--gpus", "8", "--layout", "dp=2"], "dp=2 x tp=1 x pp=1 = 2 GPUs"),
         ([], "give --gpus"),
+        (["--gpus", "8", "--dtype", "fp16"], "argument --dtype: invalid choice"),
+        (["--gpus", "eight"], "argument --gpus: invalid int value"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_code_2(

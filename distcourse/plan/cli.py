@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from typing import NoReturn
 
 from distcourse import tables
 from distcourse.plan import hardware, memory, prediction, spec, timing
@@ -50,8 +51,16 @@ def parse_layout(text: str) -> spec.PlanLayout:
     return spec.PlanLayout.from_dict(values)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are ValueErrors: `main` prints them as one
+    line and exits with 2, as it does an impossible layout."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m distcourse.plan", description=__doc__.split("\n")[0]
     )
     p.add_argument("--params", type=float, help="parameters (a GPT shape is derived)")
