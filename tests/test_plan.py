@@ -56,6 +56,15 @@ def test_in_flight_is_the_schedules() -> None:
         assert walk == in_flight(sched)
 
 
+def test_gradient_accumulation_holds_one_micro_batch() -> None:
+    def held(m: int) -> dict[str, int]:
+        return plan.rank_memory(MODEL, 16, FP32, plan.PlanLayout(micro_batches=m), 0)
+
+    ids = 8 * CFG.block_size  # the positions: one row, whatever the batch
+    assert (held(4)["activations"] - ids) * 4 == held(1)["activations"] - ids
+    assert held(4)["parameters"] == held(1)["parameters"]
+
+
 def test_zero_formula_is_chapter_9s() -> None:
     from distcourse.parallel.zero import formula
 
@@ -91,7 +100,7 @@ BAD = [
     (dict(pp=16), None, "16 stages, more than layers=8"),
     (dict(pp=3, micro_batches=3), None, "layers=8 do not divide into 3 equal stages"),
     (dict(pp=2, micro_batches=1), None, "1f1b needs micro_batches >= pp: 1 < pp=2"),
-    (dict(micro_batches=2), None, "micro_batches=2 needs a pipeline: pp=1"),
+    (dict(virtual=2, schedule="interleaved"), None, "needs a pipeline: pp=1"),
     (dict(dp=3), None, "batch=16 does not split into dp=3"),
     (dict(sp=True), None, "sequence parallel (sp) needs tp > 1"),
     (dict(pp=2, micro_batches=2, virtual=2), None, "needs schedule=interleaved"),

@@ -6,7 +6,8 @@
     python -m distcourse.plan --explain     # every formula the planner uses
 
 Layout keys: dp, tp, pp, m (micro-batches), zero, sp, ckpt, schedule, v (stages per
-rank), bucket_view; 0/1 or true/false for sp and bucket_view. The hardware is a
+rank), bucket_view; 0/1 or true/false for sp and bucket_view. `--fix zero=3,tp=8`
+searches only the layouts with those values. The hardware is a
 datasheet GPU (--gpu h100 | h200 | a100) whose figures --flops, --alpha, --beta,
 --memory-gb, --efficiency, --gpus-per-node replace (e.g. with chapter 2's fit).
 An impossible input prints one line naming the constraint and exits with 2.
@@ -30,6 +31,11 @@ LAYOUT_KEYS = {"m": "micro_batches", "v": "virtual"}
 
 def parse_layout(text: str) -> spec.PlanLayout:
     """'dp=2,tp=2,pp=2,m=4,zero=1,sp=1,ckpt=full' -> PlanLayout."""
+    return spec.PlanLayout.from_dict(parse_fields(text))
+
+
+def parse_fields(text: str) -> dict[str, object]:
+    """'dp=2,zero=1,sp=1' -> {'dp': 2, 'zero': 1, 'sp': True} (PlanLayout keys)."""
     values: dict[str, object] = {}
     for item in filter(None, text.split(",")):
         key, sep, raw = item.partition("=")
@@ -48,7 +54,7 @@ def parse_layout(text: str) -> spec.PlanLayout:
                 values[key] = int(raw)
             except ValueError:
                 raise ValueError(f"{key} must be an integer, got {raw!r}") from None
-    return spec.PlanLayout.from_dict(values)
+    return values
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -71,6 +77,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=256, help="global batch, sequences")
     p.add_argument("--gpus", type=int)
     p.add_argument("--layout", help="one layout: dp=8,tp=8,pp=1,m=1,zero=1,...")
+    p.add_argument("--fix", help="search only layouts with these: zero=3,ckpt=full")
     p.add_argument("--dtype", choices=spec.DTYPES, default="bf16")
     p.add_argument("--reduce", choices=spec.DTYPES, help="gradient reduce dtype")
     p.add_argument("--optimizer", choices=spec.OPTIMIZERS, default="adamw")
@@ -184,7 +191,9 @@ def run(argv: list[str]) -> str:
     else:
         if args.gpus is None:
             raise ValueError("give --gpus (or one --layout)")
-        found = prediction.search(model, args.batch, policy, hw, args.gpus)[: args.top]
+        fixed = parse_fields(args.fix) if args.fix else None
+        found = prediction.search(model, args.batch, policy, hw, args.gpus, fixed)
+        found = found[: args.top]
     if args.json:
         return json.dumps([p.to_dict() for p in found], indent=1)
     lines = [
