@@ -60,7 +60,7 @@ def test_gradient_accumulation_holds_one_micro_batch() -> None:
     def held(m: int) -> dict[str, int]:
         return plan.rank_memory(MODEL, 16, FP32, plan.PlanLayout(micro_batches=m), 0)
 
-    ids = 8 * CFG.block_size  # the positions: one row, whatever the batch
+    ids = 8 * CFG.block_size + 4  # positions and the loss: whatever the batch
     assert (held(4)["activations"] - ids) * 4 == held(1)["activations"] - ids
     assert held(4)["parameters"] == held(1)["parameters"]
 
