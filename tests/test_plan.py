@@ -6,6 +6,7 @@ The comparison with bytes measured on ranks is tests/test_plan_measured.py."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -65,6 +66,24 @@ def test_gradient_accumulation_holds_one_micro_batch() -> None:
     assert held(4)["parameters"] == held(1)["parameters"]
 
 
+def test_interleaved_takes_the_micro_batches_the_schedule_takes() -> None:
+    for p, m in itertools.product((2, 4), range(4, 13)):
+        layout = plan.PlanLayout(
+            pp=p, micro_batches=m, schedule="interleaved", virtual=2
+        )
+        try:
+            interleaved(p, m, 2)
+            runs = True
+        except ValueError:
+            runs = False
+        try:
+            plan.check(MODEL, m, layout)
+            allowed = True
+        except ValueError:
+            allowed = False
+        assert allowed == runs, (p, m)
+
+
 def test_zero_formula_is_chapter_9s() -> None:
     from distcourse.parallel.zero import formula
 
@@ -101,6 +120,11 @@ BAD = [
     (dict(pp=3, micro_batches=3), None, "layers=8 do not divide into 3 equal stages"),
     (dict(pp=2, micro_batches=1), None, "1f1b needs micro_batches >= pp: 1 < pp=2"),
     (dict(virtual=2, schedule="interleaved"), None, "needs a pipeline: pp=1"),
+    (
+        dict(pp=4, micro_batches=9, schedule="interleaved", virtual=2),
+        None,
+        "in m // pp = 2 equal rounds: micro_batches=9 does not split into 2",
+    ),
     (dict(dp=3), None, "batch=16 does not split into dp=3"),
     (dict(sp=True), None, "sequence parallel (sp) needs tp > 1"),
     (dict(pp=2, micro_batches=2, virtual=2), None, "needs schedule=interleaved"),

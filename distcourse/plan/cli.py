@@ -133,6 +133,7 @@ def table(found: list[Prediction]) -> str:
     name, size = unit(max(p.memory["total"] for p in found))
     head = (
         "dp x tp x pp",
+        "schedule",
         "m",
         "zero",
         "sp",
@@ -157,6 +158,7 @@ def table(found: list[Prediction]) -> str:
         rows.append(
             (
                 L.name,
+                L.schedule if L.virtual == 1 else f"{L.schedule} v={L.virtual}",
                 L.micro_batches,
                 L.zero,
                 int(L.sp),

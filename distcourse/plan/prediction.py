@@ -131,8 +131,8 @@ def candidates(
     fixed: dict[str, Any] | None = None,
 ) -> list[PlanLayout]:
     """Every layout worth trying on `gpus`: tp within a node; m any divisor of the
-    share (at least pp: 1F1B; with pp = 1, gradient accumulation); with tp > 1
-    sequence parallelism on;
+    share (at least pp: 1F1B, or interleaved 1F1B with 2 stages per rank; with
+    pp = 1, gradient accumulation); with tp > 1 sequence parallelism on;
     gradients as bucket views; ZeRO 0-3; checkpointing none, selective, full.
     `fixed` (PlanLayout keys) keeps the degrees it names and sets the other
     fields. Impossible layouts are left out."""
@@ -146,8 +146,9 @@ def candidates(
         pp = gpus // (dp * tp)
         share = batch // dp if batch % dp == 0 else 0
         ms = [m for m in divisors(share) if m >= pp]
-        for m, zero, ckpt in itertools.product(ms, range(4), CKPT):
-            plain = PlanLayout(dp, tp, pp, m, zero, tp > 1, ckpt, "1f1b", 1, True)
+        runs = [("1f1b", 1), ("interleaved", 2)] if pp > 1 else [("1f1b", 1)]
+        for m, zero, ckpt, (schedule, v) in itertools.product(ms, range(4), CKPT, runs):
+            plain = PlanLayout(dp, tp, pp, m, zero, tp > 1, ckpt, schedule, v, True)
             layout = dataclasses.replace(plain, **fixed)
             if any(getattr(layout, k) != v for k, v in keep.items()):
                 continue
