@@ -105,18 +105,21 @@ def train_gpt(
     steps: int,
     before_step: Callable[[nn.Module], None] | None = None,
     rows: int | None = None,
+    device: torch.device | str = "cpu",
 ) -> nn.Module:
-    """A seeded TinyGPT under `parallelize_gpt`, trained `steps` steps of `kind`
-    ("SGD" or "AdamW") on its dp group's rows of `one_process_gpt`'s batches (or
-    group `rows`'s); `before_step(model)` runs between backward and the step."""
-    model = parallelize_gpt(_seeded_gpt(), mesh)
+    """A seeded TinyGPT under `parallelize_gpt` on `device`, trained `steps` steps
+    of `kind` ("SGD" or "AdamW") on its dp group's rows of `one_process_gpt`'s
+    batches (or dp group `rows`'s); `before_step(model)` runs between backward and
+    the step."""
+    model = parallelize_gpt(_seeded_gpt().to(device), mesh)
     cls, options = OPTIMIZERS[kind]
     opt = cls(model.parameters(), **options)
     dp, tp = mesh.size("dp"), mesh.group("tp")
     mine = slice_of(mesh.coordinate["dp"] if rows is None else rows)
     for x, y in gpt.token_batches(steps, dp * ROWS):
+        x, y = x[mine].to(device), y[mine].to(device)
         opt.zero_grad()
-        tensor.vocab_parallel_cross_entropy(model(x[mine]), y[mine], tp).backward()
+        tensor.vocab_parallel_cross_entropy(model(x), y, tp).backward()
         if before_step is not None:
             before_step(model)
         opt.step()
@@ -139,10 +142,10 @@ def one_process_gpt(kind: str, steps: int, dp: int = 2) -> dict[str, Tensor]:
 def difference(
     state: dict[str, Tensor], reference: dict[str, Tensor], kind: str
 ) -> float:
-    """Largest |state - reference| over the parameters (under AdamW, those
-    ending in NOISE_ONLY left out)."""
+    """Largest |state - reference| over the parameters, compared on the host
+    (under AdamW, those ending in NOISE_ONLY left out)."""
     return max(
-        (state[k] - reference[k]).abs().max().item()
+        (state[k].cpu() - reference[k].cpu()).abs().max().item()
         for k in reference
         if not (kind == "AdamW" and k.endswith(NOISE_ONLY))
     )
