@@ -1,0 +1,120 @@
+"""The labs (distcourse/labs/): each broken program fails in seconds and names the
+ranks; each reference fix passes its check; a bad fix is told so in a sentence.
+
+Every run spawns the lab's ranks (2 or 4) for well under a second; the broken runs
+are made once, for the whole module. Wrong fixes, each failing with its hint, are
+the chapter's negative controls: tests/controls/test_11_debugging.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+from torch import Tensor
+
+from distcourse.labs import LABS, SKIPPED_COLLECTIVE, Report
+from distcourse.labs.solutions import SOLUTIONS
+
+TIMEOUT = 2.0  # seconds a collective may wait in these runs
+# what each broken run must say: its kind and a line that shows the cause
+EXPECTED = {
+    "skipped_collective": ("hang", "rank 0: all_reduce float32[] (4 B)"),
+    "collective_order": ("hang", "ranks 0 and 2: all_reduce float32[8, 4] (128 B)"),
+    "pipeline_microbatches": ("hang", "rank 0 sent 3 message(s) to rank 1"),
+    "uneven_gather": ("hang", "rank 1: all_gather float32[2, 1] (8 B)"),
+    "dropout_seed": ("silent", "but rank 1 differs from rank 0"),
+    "layernorm_sp": ("silent", "'weight.grad' on ranks 0 and 1 differ"),
+    "sampler": ("silent", "16 more than once (sample 0 by ranks 0 and 1)"),
+    "unused_parameters": ("error", "without a gradient in step 1: aux.weight"),
+}
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[str, Report]:
+    return {name: lab.run(timeout=TIMEOUT) for name, lab in LABS.items()}
+
+
+def test_there_are_the_eight_labs_of_the_issue() -> None:
+    assert list(LABS) == list(EXPECTED) == list(SOLUTIONS)
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_each_broken_lab_fails_within_10_s_naming_the_ranks(
+    reports: dict[str, Report], name: str
+) -> None:
+    report = reports[name]
+    kind, line = EXPECTED[name]
+    assert report.kind == kind, report.text
+    assert line in report.text, report.text
+    assert report.ranks, report.text
+    assert report.seconds <= 10, report.seconds
+    assert "Traceback" not in report.text and "127.0.0.1" not in report.text
+
+
+def test_a_hang_shows_each_ranks_last_calls(reports: dict[str, Report]) -> None:
+    text = reports["skipped_collective"].text
+    assert "the ranks part at collective #2:" in text
+    assert "rank 0: #1 all_reduce float32[5] (20 B), returned" in text
+    assert "#2 all_reduce float32[] (4 B), entered" in text
+    ended = reports["pipeline_microbatches"].text
+    assert "rank 0: stuck in #6 recv float32[2, 4] from rank 1 (32 B)" in ended
+    assert "rank 1: finished its program" in ended
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_each_reference_fix_passes_its_check(name: str) -> None:
+    verdict = LABS[name].check(SOLUTIONS[name], timeout=TIMEOUT)
+    assert verdict.passed, str(verdict)
+    assert str(verdict).endswith("against one process: PASS")
+
+
+def _log_not_a_number(loss: Tensor, rank: int, world: int) -> str:
+    return "low"
+
+
+def _log_divides_by_zero(loss: Tensor, rank: int, world: int) -> float:
+    return loss.item() / 0
+
+
+def _log_forever(loss: Tensor, rank: int, world: int) -> float:
+    time.sleep(1000)
+    return 0.0
+
+
+@pytest.mark.parametrize(
+    "fix, said",
+    [
+        (42, "check() takes a function `def log_loss(loss, rank, world)"),
+        (lambda loss: 0.0, "cannot be called with 3 arguments (loss, rank, world)"),
+        (
+            _log_not_a_number,
+            "log_loss's return value should be a float or int, got str",
+        ),
+        (_log_divides_by_zero, "_log_divides_by_zero() raised ZeroDivisionError"),
+    ],
+    ids=["not a function", "wrong arguments", "wrong type", "raises"],
+)
+def test_a_bad_fix_gets_a_sentence_not_a_traceback(fix: object, said: str) -> None:
+    verdict = SKIPPED_COLLECTIVE.check(fix, timeout=TIMEOUT)
+    text = str(verdict)
+    assert not verdict.passed
+    assert text.splitlines()[0].endswith(": FAIL")
+    assert said in text, text
+    assert "Traceback" not in text and "File " not in text
+
+
+def test_a_fix_that_never_returns_is_stopped_and_leaves_no_process() -> None:
+    start = time.monotonic()
+    verdict = SKIPPED_COLLECTIVE.check(_log_forever, timeout=TIMEOUT, limit=3.0)
+    assert time.monotonic() - start < 8
+    assert not verdict.passed
+    assert "did not end within its deadline" in str(verdict)
+    ranks = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if "forkserver" not in " ".join(p.cmdline())
+        and "resource_tracker" not in " ".join(p.cmdline())
+    ]
+    assert ranks == []
