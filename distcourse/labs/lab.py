@@ -126,7 +126,7 @@ class Lab:
         kind, lines, named = _describe(outcome, self._problems(outcome))
         head = {
             "hang": "calls that never returned; the run stopped them, no hang",
-            "silent": "no error, no hang: every rank finished, but not as one process",
+            "silent": "no hang: every rank finished, but not as one process",
             "ok": "every rank finished and matches one process",
             "timeout": "stopped at its deadline",
         }.get(kind, "an error on a rank")

@@ -213,29 +213,32 @@ class TwoHeads(nn.Module):
 
 
 def unused_program(wrap, rank: int, world: int) -> dict:  # noqa: ANN001
-    """STEPS of SGD on `wrap(model)` (torch's DDP, as the reader builds it)."""
+    """STEPS of SGD on `wrap(model)` (torch's DDP, as the reader builds it). An
+    error of torch's DDP ends the run early, and is returned with what came before:
+    the first step's gradients."""
     torch.manual_seed(0)
     model = TwoHeads()
     wrapped = expect(wrap(model), nn.Module, "wrap's return value")
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    first, none = None, []
+    first, none, error = None, [], ""
     for step in range(STEPS):
         x, y = batch(rank, step)
         opt.zero_grad()
         try:
             loss = F.mse_loss(wrapped(x), y)
         except RuntimeError as err:  # torch's DDP, at the forward after
-            said = first_sentence(err).rstrip(".")
-            raise RuntimeError(  # name the parameters its message only counts
+            said = first_sentence(err).rstrip(".")  # name what its message counts
+            error = (
                 f"step {step + 1}: torch's DDP raised '{said}' (parameters without "
                 f"a gradient in step {step}: {', '.join(none)})"
-            ) from None
+            )
+            break
         loss.backward()
         none = [n for n, p in model.named_parameters() if p.grad is None]
-        used = [p.grad for n, p in model.named_parameters() if not n.startswith("aux")]
+        used = [p.grad for n, p in model.named_parameters() if n not in none]
         first = torch.cat([g.reshape(-1) for g in used]) if first is None else first
         opt.step()
-    return {"first gradients": first, "params": params(model)}
+    return {"first gradients": first, "params": params(model), "error": error}
 
 
 def wrap_broken(model: nn.Module) -> nn.Module:
@@ -258,7 +261,12 @@ def unused_compare(outs: list[dict]) -> list[str]:
         used = [p.grad for n, p in model.named_parameters() if not n.startswith("aux")]
         first = torch.cat([g.reshape(-1) for g in used]) if first is None else first
         opt.step()
+    errors: dict[str, list[int]] = {}
+    for rank, out in enumerate(outs):
+        if out["error"]:
+            errors.setdefault(out["error"], []).append(rank)
     return [
+        *(f"{ranks_text(r)}: {message}" for message, r in errors.items()),
         *replicated("gradients of step 1", [o["first gradients"] for o in outs]),
         *against_one(
             "gradients of step 1",
