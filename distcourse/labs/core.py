@@ -129,7 +129,9 @@ def execute(
     limit: float | None = None,
 ) -> Outcome:
     """Run `program` with `fn` on `world` spawned ranks; collect how each ended.
-    The run ends within `limit` seconds (default: `deadline(timeout)`)."""
+    The run ends within `limit` seconds (default: `deadline(timeout)`). Ranks are
+    gloo CPU ranks, on a GPU box too: the bugs are in the order and shapes of the
+    calls, not in the device, and gloo is the backend that checks sizes."""
     endings: list[dict | None] = [None] * world
     died, overran = None, False
     start = time.monotonic()
@@ -142,6 +144,7 @@ def execute(
                     program,
                     fn,
                     folder,
+                    backend="gloo",
                     timeout=timeout,
                     deadline=deadline(timeout) if limit is None else limit,
                 )

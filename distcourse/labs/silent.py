@@ -103,7 +103,7 @@ def norm_program(sync_norm_grads, rank: int, world: int) -> dict:  # noqa: ANN00
 
 
 def sync_norm_grads_broken(norm: nn.LayerNorm, world: int) -> None:
-    """Nothing to do: the norm's weights are replicated, like DDP's without DDP."""
+    """Nothing to do: the norm's weights are replicated, the same on every rank."""
 
 
 def norm_compare(outs: list[dict]) -> list[str]:

@@ -35,12 +35,12 @@ def gather(preds: Tensor, world: int) -> Tensor:
     """Sizes first, then pieces padded to the largest, then each cut back."""
     size = torch.tensor([preds.shape[0]])
     sizes = [torch.zeros_like(size) for _ in range(world)]
-    dist.all_gather(sizes, size)
+    dist.all_gather(sizes, size)  # devicecheck: host (labs run on gloo)
     largest = max(int(s) for s in sizes)
     padded = torch.zeros(largest, *preds.shape[1:], dtype=preds.dtype)
     padded[: preds.shape[0]] = preds
     pieces = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(pieces, padded)
+    dist.all_gather(pieces, padded)  # devicecheck: host (labs run on gloo)
     return torch.cat([p[: int(n)] for p, n in zip(pieces, sizes, strict=True)])
 
 
