@@ -20,7 +20,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
@@ -30,6 +30,7 @@ from distcourse.labs import report
 from distcourse.launch.spawn import spawn
 from distcourse.runtime import RankError
 
+Fix = Callable[..., Any]  # the reader's function, as a program calls it
 DEFAULT_TIMEOUT = 3.0  # seconds a collective may wait before it fails
 
 
@@ -110,7 +111,6 @@ class Outcome:
     died: int | None = None
     overran: bool = False
     seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
     def messages(self, status: str) -> dict[str, list[int]]:
         """Each distinct message of ranks that ended with `status`, and those ranks."""

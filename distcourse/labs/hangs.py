@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from distcourse.labs.compare import against_one, same_everywhere
-from distcourse.labs.core import ReaderError, expect
+from distcourse.labs.core import Fix, ReaderError, expect
 
 LR = 0.1
 STEPS = 2
@@ -35,6 +35,7 @@ def number(value: object, what: str) -> float:
 
 
 def flat_grad(model: nn.Module) -> Tensor:
+    """Every parameter's gradient, in one 1-D tensor (one all-reduce for all)."""
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
 
 
@@ -48,13 +49,14 @@ def sgd_step(model: nn.Module, flat: Tensor) -> None:
 
 
 def params(model: nn.Module) -> Tensor:
+    """Every parameter, detached, in one 1-D tensor (for comparisons)."""
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
 # ---- a collective one rank skips: the loss averaged for logging on rank 0 only ----
 
 
-def logging_program(log_loss, rank: int, world: int) -> dict:  # noqa: ANN001
+def logging_program(log_loss: Fix, rank: int, world: int) -> dict:
     """Two SGD steps of data parallelism (gradients all-reduced by hand), logging
     each step's loss averaged over ranks: `log_loss(loss, rank, world) -> float`."""
     torch.manual_seed(0)
@@ -85,6 +87,7 @@ def log_loss_broken(loss: Tensor, rank: int, world: int) -> float:
 
 
 def logging_compare(outs: list[dict]) -> list[str]:
+    """One process: the same steps on every rank's batch at once (their mean loss)."""
     world = len(outs)
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
@@ -114,7 +117,7 @@ def logging_compare(outs: list[dict]) -> list[str]:
 # ---- collectives in a different order: gradients synced as they became ready ----
 
 
-def ready_program(sync, rank: int, world: int) -> dict:  # noqa: ANN001
+def ready_program(sync: Fix, rank: int, world: int) -> dict:
     """One backward; `sync(grads, world)` averages the gradients in place. `grads`
     lists them in the order they became ready on this rank: on odd ranks, backward
     happened to finish the last layer first."""
@@ -137,6 +140,7 @@ def sync_grads_broken(grads: dict[str, Tensor], world: int) -> None:
 
 
 def ready_compare(outs: list[dict]) -> list[str]:
+    """One process: the gradients of the mean loss over every rank's batch."""
     world = len(outs)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
@@ -171,7 +175,7 @@ def _recv(src: int) -> Tensor:
     return t
 
 
-def pipeline_program(warmup, rank: int, world: int) -> dict:  # noqa: ANN001
+def pipeline_program(warmup: Fix, rank: int, world: int) -> dict:
     """1F1B on `world` stages (a Linear each) over MICRO micro-batches: first
     `warmup(stage, stages, micro_batches)` forwards, then one forward and one
     backward at a time, then the backwards left. Sends are isend, receives wait."""
@@ -213,6 +217,7 @@ def warmup_broken(stage: int, stages: int, micro_batches: int) -> int:
 
 
 def pipeline_compare(outs: list[dict]) -> list[str]:
+    """One process: the stages as one Sequential, the loss summed over micro-batches."""
     layers = [_stage(s) for s in range(len(outs))]
     loss = sum((nn.Sequential(*layers)(_micro(i)) ** 2).sum() for i in range(MICRO))
     loss.backward()
@@ -228,7 +233,7 @@ def pipeline_compare(outs: list[dict]) -> list[str]:
 SAMPLES = 5  # split over 2 ranks: 3 and 2
 
 
-def gather_program(gather, rank: int, world: int) -> dict:  # noqa: ANN001
+def gather_program(gather: Fix, rank: int, world: int) -> dict:
     """Evaluation: rank r predicts samples r, r + world, ...; `gather(preds, world)`
     returns every rank's predictions, rank 0's first."""
     torch.manual_seed(0)
@@ -248,6 +253,7 @@ def gather_broken(preds: Tensor, world: int) -> Tensor:
 
 
 def gather_compare(outs: list[dict]) -> list[str]:
+    """One process: every rank's predictions, rank 0's first, on every rank."""
     world = len(outs)
     torch.manual_seed(0)
     model = nn.Linear(4, 1)

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from distcourse.comm.autograd import reduce_from_group
 from distcourse.labs.compare import against_one, replicated, same_everywhere
-from distcourse.labs.core import ReaderError, expect
+from distcourse.labs.core import Fix, ReaderError, expect
 from distcourse.labs.hangs import LR, STEPS, batch, flat_grad, params, sgd_step
 from distcourse.labs.report import first_sentence, ranks_text
 
@@ -32,7 +32,7 @@ def _mlp() -> tuple[Tensor, Tensor, Tensor]:
     return torch.randn(16, 8) * 0.3, torch.randn(8, 16) * 0.3, torch.randn(4, 8)
 
 
-def dropout_program(dropout_seed, rank: int, world: int) -> dict:  # noqa: ANN001
+def dropout_program(dropout_seed: Fix, rank: int, world: int) -> dict:
     """A tensor-parallel MLP (column- then row-parallel), its output all-reduced
     (now the same on every rank), then dropout seeded by
     `dropout_seed(seed, tp_rank, tp_size)`."""
@@ -53,6 +53,7 @@ def dropout_seed_broken(seed: int, tp_rank: int, tp_size: int) -> int:
 
 
 def dropout_compare(outs: list[dict]) -> list[str]:
+    """One process: the whole MLP, dropout seeded with SEED; and across ranks."""
     world = len(outs)
     w1, w2, x = _mlp()
     w1.requires_grad_()
@@ -86,7 +87,7 @@ def _norm_data() -> tuple[nn.LayerNorm, Tensor, Tensor]:
     return norm, torch.randn(8, 4), torch.randn(8, 4)
 
 
-def norm_program(sync_norm_grads, rank: int, world: int) -> dict:  # noqa: ANN001
+def norm_program(sync_norm_grads: Fix, rank: int, world: int) -> dict:
     """Sequence parallelism: each rank normalises its own rows of the sequence with
     the same LayerNorm; `sync_norm_grads(norm, world)` readies its gradients for
     the SGD step that follows."""
@@ -107,6 +108,7 @@ def sync_norm_grads_broken(norm: nn.LayerNorm, world: int) -> None:
 
 
 def norm_compare(outs: list[dict]) -> list[str]:
+    """One process: the norm over the whole sequence; and the weights across ranks."""
     world = len(outs)
     norm, x, target = _norm_data()
     (norm(x) * target).sum().backward()
@@ -132,7 +134,7 @@ def samples() -> TensorDataset:
     return TensorDataset(torch.arange(SAMPLES), x, y)
 
 
-def sampler_program(make_loader, rank: int, world: int) -> dict:  # noqa: ANN001
+def sampler_program(make_loader: Fix, rank: int, world: int) -> dict:
     """One epoch of data parallelism over `make_loader(dataset, rank, world)`'s
     batches of (index, x, y); gradients all-reduced by hand."""
     loader = make_loader(samples(), rank, world)
@@ -161,6 +163,8 @@ def make_loader_broken(dataset: TensorDataset, rank: int, world: int) -> DataLoa
 
 
 def sampler_compare(outs: list[dict]) -> list[str]:
+    """Which rank saw which sample (each once, in one epoch), and one process
+    trained on the same global batches."""
     world = len(outs)
     who: dict[int, list[int]] = {}
     for rank, out in enumerate(outs):
@@ -212,7 +216,7 @@ class TwoHeads(nn.Module):
         return self.head(torch.tanh(self.body(x)))
 
 
-def unused_program(wrap, rank: int, world: int) -> dict:  # noqa: ANN001
+def unused_program(wrap: Fix, rank: int, world: int) -> dict:
     """STEPS of SGD on `wrap(model)` (torch's DDP, as the reader builds it). An
     error of torch's DDP ends the run early, and is returned with what came before:
     the first step's gradients."""
@@ -247,6 +251,8 @@ def wrap_broken(model: nn.Module) -> nn.Module:
 
 
 def unused_compare(outs: list[dict]) -> list[str]:
+    """torch DDP's error if it raised; step 1's gradients across ranks and against
+    one process; the parameters after STEPS."""
     world = len(outs)
     torch.manual_seed(0)
     model = TwoHeads()
