@@ -12,6 +12,8 @@ import time
 
 import psutil
 import pytest
+import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from distcourse.labs import LABS, SKIPPED_COLLECTIVE, Report
@@ -103,6 +105,27 @@ def test_a_bad_fix_gets_a_sentence_not_a_traceback(fix: object, said: str) -> No
     assert text.splitlines()[0].endswith(": FAIL")
     assert said in text, text
     assert "Traceback" not in text and "File " not in text
+
+
+def _log_deadlocks(loss: Tensor, rank: int, world: int) -> float:
+    """Rank 0 waits in an all-reduce, rank 1 for a message rank 0 never sends."""
+    if rank == 0:
+        dist.all_reduce(loss)
+    else:
+        dist.recv(torch.empty(1), 0)  # devicecheck: host (labs run on gloo)
+    return loss.item()
+
+
+def test_a_deadlock_is_ended_by_the_groups_timeout_and_reported() -> None:
+    start = time.monotonic()
+    verdict = SKIPPED_COLLECTIVE.check(_log_deadlocks, timeout=1.0)
+    assert time.monotonic() - start < 6
+    text = str(verdict)
+    assert not verdict.passed
+    assert "rank 0: all_reduce float32[] (4 B)" in text, text
+    assert "rank 1: never entered it" in text, text
+    assert "rank 0 sent 0 message(s) to rank 1, which posted 1 receive(s)" in text
+    assert "#2 recv float32[1] from rank 0 (4 B), never returned" in text, text
 
 
 def test_a_fix_that_never_returns_is_stopped_and_leaves_no_process() -> None:

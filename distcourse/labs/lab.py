@@ -151,5 +151,5 @@ class Lab:
         kind, lines, _ = _describe(outcome, self._problems(outcome))
         if kind == "ok":
             return Verdict(self.name, True, (f"{head}: PASS",))
-        why = [f"  {line}" for line in lines[:8]]
+        why = [f"  {line}" for line in lines]
         return Verdict(self.name, False, (f"{head}: FAIL", *why, f"hint: {self.hint}"))
