@@ -8,6 +8,7 @@ the chapter's negative controls: tests/controls/test_11_debugging.py.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import psutil
@@ -99,6 +100,20 @@ def _log_forever(loss: Tensor, rank: int, world: int) -> float:
     ids=["not a function", "wrong arguments", "wrong type", "raises"],
 )
 def test_a_bad_fix_gets_a_sentence_not_a_traceback(fix: object, said: str) -> None:
+    _assert_told(fix, said)
+
+
+def test_a_fix_that_cannot_travel_to_the_ranks_is_told_so() -> None:
+    lock = threading.Lock()
+
+    def log_loss(loss: Tensor, rank: int, world: int) -> float:
+        with lock:
+            return loss.item()
+
+    _assert_told(log_loss, "your function cannot be sent to the ranks (TypeError")
+
+
+def _assert_told(fix: object, said: str) -> None:
     verdict = SKIPPED_COLLECTIVE.check(fix, timeout=TIMEOUT)
     text = str(verdict)
     assert not verdict.passed

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import cloudpickle
 import torch.distributed as dist
 
 from distcourse.comm.recorder import Entry, FlightRecorder, read_entries
@@ -167,7 +168,8 @@ def execute(
 
 def check_function(fn: Any, signature: str) -> None:
     """A clear TypeError before any rank starts if `fn` cannot be called as the lab
-    will call it (`signature`, e.g. 'log_loss(loss, rank, world) -> float')."""
+    will call it (`signature`, e.g. 'log_loss(loss, rank, world) -> float'), or
+    if it cannot travel to the ranks (cloudpickle: a lock or a socket it holds)."""
     params = signature.split("(", 1)[1].split(")", 1)[0]
     names = [p.strip() for p in params.split(",") if p.strip()]
     if not callable(fn):
@@ -183,3 +185,11 @@ def check_function(fn: Any, signature: str) -> None:
         ) from None
     except ValueError:  # a builtin without a signature: let the run say
         pass
+    try:
+        cloudpickle.dumps(fn)
+    except Exception as err:  # what cannot travel to a rank
+        raise TypeError(
+            f"your function cannot be sent to the ranks ({type(err).__name__}: "
+            f"{report.first_sentence(err)}): define it at the top level of a cell, "
+            "using only what can be pickled"
+        ) from None
