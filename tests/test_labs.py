@@ -64,6 +64,12 @@ def test_a_hang_shows_each_ranks_last_calls(reports: dict[str, Report]) -> None:
     ended = reports["pipeline_microbatches"].text
     assert "rank 0: stuck in #6 recv float32[2, 4] from rank 1 (32 B)" in ended
     assert "rank 1: finished its program" in ended
+    stage0 = reports["pipeline_microbatches"].columns()[0]
+    assert stage0[-1] == "#6 recv float32[2, 4] from rank 1 (32 B), never returned"
+    assert reports["skipped_collective"].columns()[1] == [
+        "#1 all_reduce float32[5] (20 B), returned",
+        "#2 all_reduce float32[5] (20 B), entered",
+    ]
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))

@@ -22,13 +22,19 @@ class Report:
     timeout ended them, or gloo aborted a rank), "error", "reader" (the reader's
     function failed), "timeout" (past the deadline), "silent"
     (every rank finished, but not as one process) or "ok"; `ranks` are the ranks the
-    report names; `text` is the report itself."""
+    report names; `text` is the report itself; `by_rank` each rank's calls."""
 
     lab: str
     kind: str
     ranks: tuple[int, ...]
     seconds: float
     text: str
+    by_rank: tuple[tuple[str, ...], ...] = ()  # each rank's recorded calls
+
+    def columns(self) -> list[list[str]]:
+        """Each rank's recorded calls (up to where the ranks part), as a list per
+        rank: for `launch.columns.show`, a column per rank."""
+        return [list(calls) for calls in self.by_rank]
 
     def __str__(self) -> str:
         return self.text
@@ -132,7 +138,11 @@ class Lab:
         }.get(kind, "an error on a rank")
         first = f"{self.name} on {self.world} ranks, {outcome.seconds:.1f} s: {head}"
         text = "\n".join([first, *lines])
-        return Report(self.name, kind, tuple(sorted(named)), outcome.seconds, text)
+        found = report.divergence(outcome.entries)
+        calls = report.calls_by_rank(outcome.entries, found and found[0], None)
+        by_rank = tuple(tuple(c) for c in calls)
+        named_ranks = tuple(sorted(named))
+        return Report(self.name, kind, named_ranks, outcome.seconds, text, by_rank)
 
     def check(
         self, fix: Any, timeout: float = DEFAULT_TIMEOUT, limit: float | None = None

@@ -112,19 +112,31 @@ def _nth_collective(found: list[Entry], n: int) -> int | None:
     return None
 
 
-def last_calls(entries: list[list[Entry]], upto: int | None = None) -> list[str]:
-    """Each rank's last SHOWN calls, up to its `upto`-th collective if given; that
-    one is shown as entered, not whether it returned (see `divergence`)."""
-    lines = []
-    for rank, found in enumerate(entries):
+def calls_by_rank(
+    entries: list[list[Entry]], upto: int | None = None, shown: int | None = SHOWN
+) -> list[list[str]]:
+    """Each rank's last `shown` calls (all if None), up to its `upto`-th collective
+    if given; that one is shown as entered, not whether it returned (see
+    `divergence`)."""
+    ranks = []
+    for found in entries:
         part = None if upto is None else _nth_collective(found, upto)
         cut = len(found) if part is None else part + 1
+        first = 0 if shown is None else max(cut - shown, 0)
+        lines = [
+            f"#{e.seq} {e.call()}, entered" if i == part else e.describe()
+            for i, e in enumerate(found[first:cut], start=first)
+        ]
+        ranks.append(lines or ["no call recorded"])
+    return ranks
+
+
+def last_calls(entries: list[list[Entry]], upto: int | None = None) -> list[str]:
+    """`calls_by_rank` as indented lines, each rank's first one headed 'rank r:'."""
+    lines = []
+    for rank, calls in enumerate(calls_by_rank(entries, upto)):
         head = f"  rank {rank}:"
-        if cut == 0:
-            lines.append(f"{head} no call recorded")
-        for i in range(max(cut - SHOWN, 0), cut):
-            e = found[i]
-            text = f"#{e.seq} {e.call()}, entered" if i == part else e.describe()
-            lines.append(f"{head} {text}")
+        for call in calls:
+            lines.append(f"{head} {call}")
             head = " " * len(head)
     return lines
