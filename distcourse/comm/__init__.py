@@ -6,7 +6,8 @@
 - `autograd`: collectives with a backward (Megatron's f and g, split / gather,
   all-gather / reduce-scatter, all-to-all), for tensor parallel and global tensors;
 - `p2p`: send / receive between neighbours with a shape handshake, for pipelines;
-- `ledger`: what each rank sends and receives; `costmodel`: the alpha-beta model.
+- `ledger`: what each rank sends and receives; `costmodel`: the alpha-beta model;
+- `recorder`: a flight recorder on the ledger, each call noted before it runs.
 """
 
 from distcourse.comm.agree import Members, agree, members
@@ -32,6 +33,7 @@ from distcourse.comm.costmodel import (
 )
 from distcourse.comm.ledger import Ledger, Record
 from distcourse.comm.p2p import recv_tensor, send_recv, send_tensor
+from distcourse.comm.recorder import Entry, FlightRecorder
 from distcourse.comm.ring import (
     naive_all_reduce,
     ring_all_gather,
@@ -42,6 +44,8 @@ from distcourse.comm.tree import tree_all_reduce, tree_broadcast, tree_reduce
 
 __all__ = [
     "Cost",
+    "Entry",
+    "FlightRecorder",
     "Ledger",
     "Members",
     "Record",

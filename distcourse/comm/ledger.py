@@ -259,12 +259,27 @@ class Ledger:
                 bound = signature.bind(*args, **kwargs).arguments
             except TypeError:  # let torch report its own argument errors
                 return fn(*args, **kwargs)
-            if dist.is_initialized():  # else torch raises its own error, unrecorded
-                self._record(name, bound)
-            return fn(*args, **kwargs)
+            if not dist.is_initialized():  # torch raises its own error, unrecorded
+                return fn(*args, **kwargs)
+            self._record(name, bound)
+            record = self.records[-1]
+            self.entering(record, bound)
+            result = fn(*args, **kwargs)
+            self.returned(record)
+            return result
 
         wrapper._ledger_original = fn
         return wrapper
+
+    def entering(self, record: Record, args: dict[str, Any]) -> None:
+        """Called as this rank enters a call, with its Record and bound arguments.
+
+        Nothing here: a hook for subclasses, e.g. comm/recorder.py's FlightRecorder,
+        which notes each call before it can hang or abort the process.
+        """
+
+    def returned(self, record: Record) -> None:
+        """Called when the call `record` describes has returned (an isend: posted)."""
 
     def _wrap_batch(self, fn: Callable) -> Callable:
         @functools.wraps(fn)
