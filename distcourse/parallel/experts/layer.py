@@ -25,7 +25,8 @@ class MoE(nn.Module):
     """Gate (C -> E, no bias), top-k routing with capacity, E MLP experts.
 
     After a forward: `aux` the load-balancing loss (mean over groups), `load`
-    (E,) assignments per expert before drops, `dropped` assignments dropped,
+    (E,) assignments per expert before drops, `served` (E,) after them, `kept`
+    each assignment's flag (slot-major, group by group), `dropped` how many not,
     `traffic` the rows this rank exchanged (None in one process).
     """
 
@@ -49,6 +50,7 @@ class MoE(nn.Module):
         self.load = torch.zeros(n_experts, dtype=torch.long)
         self.dropped = 0
         self.kept = torch.zeros(0, dtype=torch.bool)
+        self.served = torch.zeros(n_experts, dtype=torch.long)
         self.traffic: Traffic | None = None
 
     def route(self, flat: Tensor) -> Routing:
@@ -85,6 +87,7 @@ class MoE(nn.Module):
         y = torch.zeros_like(flat).index_add(0, token, weight[:, None] * out)
         self.aux, self.load = r.aux, r.load.detach()
         self.dropped, self.kept = int((~r.kept).sum()), r.kept
+        self.served = torch.bincount(r.expert[r.kept], minlength=self.n_experts)
         return y.view(x.shape)
 
 
