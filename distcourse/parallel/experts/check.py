@@ -53,10 +53,14 @@ def layer_against_one_process(
     skew: float = 0.0,
     seed: int = 0,
     group: dist.ProcessGroup | None = None,
+    shard: Callable[[MoE, dist.ProcessGroup | None], MoE] = shard_experts,
+    input_grad: bool = True,
 ) -> dict:
     """One MoE layer over `group` (every rank `tokens` tokens) against one process
     routing the same groups. `skew` pushes tokens to expert 0 (uneven counts and,
-    past its capacity, drops)."""
+    past its capacity, drops). `shard` splits the layer (a planted fault passes
+    another); `input_grad` False runs the layer on an input that needs no gradient
+    (as a first layer would be), whose backward skips the dispatch's all_to_all."""
     n, me = dist.get_world_size(group), dist.get_rank(group)
     torch.manual_seed(seed)
     moe = MoE(n_embd, n_experts, top_k, capacity_factor)
@@ -65,10 +69,10 @@ def layer_against_one_process(
     x = torch.randn(n * tokens, n_embd) + 1.0  # (n T, C); mean 1 feeds the skew
     target = torch.randn(n * tokens, n_embd)
     alone = as_reference(moe, n)
-    shard_experts(moe, group)
+    shard(moe, group)
     mine = slice(me * tokens, (me + 1) * tokens)
-    x_mine = x[mine].clone().requires_grad_()  # as inside a model: the combine's
-    x.requires_grad_()  # backward then runs the dispatch's backward too
+    x_mine = x[mine].clone().requires_grad_(input_grad)  # as inside a model: the
+    x.requires_grad_(input_grad)  # combine's backward then runs the dispatch's too
     with Ledger() as ledger:
         out, loss = _layer_loss(moe, x_mine, target[mine])
         (loss / n).backward()
@@ -79,10 +83,9 @@ def layer_against_one_process(
     ref_out, ref_loss = _layer_loss(alone, x, target)
     ref_loss.backward()
     ref_kept = alone.kept.view(n, -1)[me]
-    grads = [
-        (moe.gate.weight.grad, alone.gate.weight.grad),
-        (x_mine.grad, x.grad[mine]),
-    ]
+    grads = [(moe.gate.weight.grad, alone.gate.weight.grad)]
+    if input_grad:
+        grads.append((x_mine.grad, x.grad[mine]))
     for i, e in enumerate(moe.experts):
         ref = alone.experts[moe.first + i]
         pairs = zip(e.parameters(), ref.parameters(), strict=True)
