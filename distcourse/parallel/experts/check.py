@@ -32,6 +32,7 @@ from distcourse.parallel.experts.model import (
     moe_loss,
     parallelize,
 )
+from distcourse.parallel.experts.router import capacity
 
 TOL = 1e-5  # float32 sums in another order differ by about 1e-7
 AUX_WEIGHT = 0.01
@@ -90,15 +91,19 @@ def layer_against_one_process(
         ref = alone.experts[moe.first + i]
         pairs = zip(e.parameters(), ref.parameters(), strict=True)
         grads += [(p.grad, q.grad) for p, q in pairs]
-    load = moe.load.clone()
+    load, served = moe.load.clone(), moe.served.clone()
     dist.all_reduce(load, group=group)
+    dist.all_reduce(served, group=group)
     return {
         "loss_diff": abs(total.item() / n - ref_loss.item()),
         "out_diff": (out - ref_out[mine]).abs().max().item(),
         "grad_diff": max((a - b).abs().max().item() for a, b in grads),
         "same_drops": bool(torch.equal(kept, ref_kept)),
         "dropped": int(alone.dropped),
-        "load": load.tolist(),
+        "load": load.tolist(),  # assignments per expert, all ranks, before drops
+        "served": served.tolist(),  # and after them
+        "room": n * capacity(tokens, n_experts, top_k, capacity_factor),
+        "aux": alone.aux.item(),
         "bytes": ledger.bytes_sent(),
         "formula": cost.ledger_bytes(t),
         "exact": cost.exact_bytes(t),

@@ -66,7 +66,7 @@ def moe_layers(model: nn.Module) -> Iterator[tuple[str, MoE]]:
 def moe_loss(model: nn.Module, x: Tensor, y: Tensor, aux_weight: float) -> Tensor:
     """Next-token loss plus aux_weight x the blocks' load-balancing losses."""
     logits = model(x)  # (B, T, vocab); sets every layer's aux
-    aux = sum((m.aux for _, m in moe_layers(model)), torch.zeros(()))
+    aux = sum(m.aux for _, m in moe_layers(model))
     return lm_loss(logits, y) + aux_weight * aux
 
 
