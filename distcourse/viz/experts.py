@@ -13,7 +13,8 @@ from distcourse.viz.common import finish
 
 
 def _matrix(ax: plt.Axes, rows: Sequence[Sequence[int]], title: str) -> None:
-    ax.imshow(rows, cmap="Blues", vmin=0)
+    top = max(max(row) for row in rows)
+    ax.imshow(rows, cmap="Blues", vmin=0, vmax=2 * max(top, 1))  # light: text reads
     for i, row in enumerate(rows):
         for j, value in enumerate(row):
             ax.text(j, i, str(value), ha="center", va="center", fontsize=9)
@@ -24,21 +25,21 @@ def dispatch_matrix(
     sent: Sequence[Sequence[int]], experts: Sequence[Sequence[int]], title: str = ""
 ) -> Figure:
     """Two panels: sent[s][q], the rows rank s sends to rank q in the dispatch
-    all_to_all, and its transpose, the rows the combine sends back. Rank q's label
-    names the experts it holds (`experts[q]`)."""
+    all_to_all, and its transpose, the rows the combine sends back. The expert
+    holders' labels name their experts (`experts[q]`)."""
     n = len(sent)
     back = [[sent[s][q] for s in range(n)] for q in range(n)]
-    fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.2))
-    names = [f"rank {q}\n(experts {', '.join(map(str, experts[q]))})" for q in range(n)]
-    for ax, rows, what in zip(
-        axes,
-        (sent, back),
-        ("dispatch: tokens to experts", "combine: outputs back"),
-        strict=True,
-    ):
+    plain = [f"rank {q}" for q in range(n)]
+    holders = [f"rank {q}\nexperts {','.join(map(str, experts[q]))}" for q in range(n)]
+    fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.6))
+    panels = (
+        (sent, "dispatch: tokens to experts", holders, plain),
+        (back, "combine: outputs back", plain, holders),
+    )
+    for ax, (rows, what, to, frm) in zip(axes, panels, strict=True):
         _matrix(ax, rows, what)
-        ax.set_xticks(range(n), names, fontsize=7)
-        ax.set_yticks(range(n), [f"rank {s}" for s in range(n)], fontsize=8)
+        ax.set_xticks(range(n), to, fontsize=7)
+        ax.set_yticks(range(n), frm, fontsize=7)
         ax.set_xlabel("to")
         ax.set_ylabel("from")
     if title:
