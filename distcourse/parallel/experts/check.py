@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from distcourse import checks
+from distcourse import checks, runtime
 from distcourse.comm.ledger import Ledger
 from distcourse.examples.gpt import token_batches
 from distcourse.mesh import Mesh
@@ -67,8 +67,10 @@ def layer_against_one_process(
     moe = MoE(n_embd, n_experts, top_k, capacity_factor)
     with torch.no_grad():
         moe.gate.weight[0] += skew / n_embd
-    x = torch.randn(n * tokens, n_embd) + 1.0  # (n T, C); mean 1 feeds the skew
-    target = torch.randn(n * tokens, n_embd)
+    dev = runtime.device()  # drawn on the host, moved to the rank's device
+    moe.to(dev)
+    x = (torch.randn(n * tokens, n_embd) + 1.0).to(dev)  # (n T, C); mean 1: skew
+    target = torch.randn(n * tokens, n_embd).to(dev)
     alone = as_reference(moe, n)
     shard(moe, group)
     mine = slice(me * tokens, (me + 1) * tokens)
@@ -130,11 +132,12 @@ def model_against_one_process(
     cfg = MoEConfig() if cfg is None else cfg
     world, rank = dist.get_world_size(), dist.get_rank()
     torch.manual_seed(0)
-    model = moe_gpt(cfg)
+    model = moe_gpt(cfg).to(runtime.device())
     alone = as_reference(model, world)
     parallelize(model, mesh)
     names = global_names(model)
-    batches = token_batches(steps, batch, cfg.gpt)
+    dev = runtime.device()
+    batches = [(x.to(dev), y.to(dev)) for x, y in token_batches(steps, batch, cfg.gpt)]
     share = batch // world
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     ref_opt = torch.optim.SGD(alone.parameters(), lr=lr)
