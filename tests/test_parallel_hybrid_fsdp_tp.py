@@ -1,10 +1,13 @@
 """FSDP x TP on a 2 x 2 (dp, tp) mesh equals one process.
 
-TP inside (the MLP's first two Linear layers split over tp), FSDP over dp, as
-torchtitan composes them. On 4 gloo ranks: the gradients of step 1 (read from plain
-SGD's first update, (p0 - p1) / lr) and the parameters after 3 steps of SGD and of
-AdamW equal one process trained on both dp groups' rows; gradients summed over dp
-instead of averaged fail; each rank holds 1/4 of the split layers.
+TP inside, FSDP over dp, as torchtitan composes them, on two models: an MLP (its
+first two Linear layers split over tp) and a TinyGPT (every block's attention and
+MLP split by chapter 4's `parallelize_gpt`, the embedding and head by vocabulary;
+each block and the root sharded over dp). On 4 gloo ranks: the gradients of step 1
+(read from plain SGD's first update, (p0 - p1) / lr) and the parameters after 3
+steps of SGD and of AdamW equal one process trained on both dp groups' rows;
+gradients summed over dp instead of averaged fail; each rank holds 1/4 of the split
+layers.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from torch import nn
 from distcourse.examples import sharding as ex
 from distcourse.launch import spawn
 from distcourse.mesh import Mesh
+from distcourse.parallel.hybrid import fsdp_tp
 from distcourse.parallel.hybrid.fsdp_tp import full_state_dict, parallelize_mlp
 
 ATOL = 1e-5
@@ -60,6 +64,35 @@ def _on_ranks() -> dict:
     out["held"] = {n: p.numel() for n, p in model.named_parameters()}
     summed = full_state_dict(_train(mesh, "SGD", 3, scale=DP), mesh)
     out["summed"] = ex.max_difference(summed, ex.one_process(DP, "SGD"))
+    out.update(_gpt(mesh))
+    return out
+
+
+def _doubled(model: nn.Module) -> None:
+    for p in model.parameters():
+        p.grad *= DP
+
+
+def _gpt(mesh: Mesh) -> dict:
+    """The same checks on TinyGPT blocks: attention and MLP split over tp."""
+    out: dict = {}
+    lr = fsdp_tp.OPTIMIZERS["SGD"][1]["lr"]
+    after1 = full_state_dict(fsdp_tp.train_gpt(mesh, "SGD", 1), mesh)
+    start, ref1 = fsdp_tp.start_gpt(), fsdp_tp.one_process_gpt("SGD", 1)
+    ours = {k: (start[k] - after1[k]) / lr for k in start}
+    theirs = {k: (start[k] - ref1[k]) / lr for k in start}
+    out["gpt gradients"] = fsdp_tp.difference(ours, theirs, "SGD")
+    for kind in fsdp_tp.OPTIMIZERS:
+        model = fsdp_tp.train_gpt(mesh, kind, 3)
+        full = full_state_dict(model, mesh)
+        out[f"gpt {kind}"] = fsdp_tp.difference(
+            full, fsdp_tp.one_process_gpt(kind, 3), kind
+        )
+    out["gpt held"] = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    out["gpt keys"] = sorted(full) == sorted(fsdp_tp.start_gpt())
+    summed = full_state_dict(fsdp_tp.train_gpt(mesh, "SGD", 3, _doubled), mesh)
+    ref = fsdp_tp.one_process_gpt("SGD", 3)
+    out["gpt summed"] = fsdp_tp.difference(summed, ref, "SGD")
     return out
 
 
@@ -94,3 +127,26 @@ def test_each_rank_holds_a_quarter_of_the_split_layers(results: list[dict]) -> N
     assert max(h["0.weight"] for h in held) == 3 * 6  # 5 rows over dp: 3 and 2
     # the last Linear is whole over tp, so sharded over dp only: twice over
     assert sum(h["4.weight"] for h in held) == 2 * 3 * 7
+
+
+def test_gpt_blocks_equal_one_process(results: list[dict]) -> None:
+    for r in results:
+        assert r["gpt keys"], r
+        for name in ("gpt gradients", "gpt SGD", "gpt AdamW"):
+            assert r[name] <= ATOL, (name, r[name])
+
+
+def test_gpt_gradients_summed_over_dp_fail(results: list[dict]) -> None:
+    for r in results:
+        assert r["gpt summed"] > 100 * ATOL
+
+
+def test_gpt_ranks_hold_a_quarter_of_the_split_layers(results: list[dict]) -> None:
+    # query (32 x 32): 16 rows per tp rank, 8 per dp piece; the vocabulary-split
+    # embedding (64 x 32): 32 rows per tp rank, 16 per piece; a norm: 1/2 (dp)
+    for r in results:
+        held = r["gpt held"]
+        assert held["blocks.0.attn.query.weight"] == (8, 32)
+        assert held["blocks.1.mlp.proj.weight"] == (16, 64)  # 32 x 128 -> 32 x 64
+        assert held["tok.weight"] == (16, 32)
+        assert held["blocks.0.ln1.weight"] == (16,)

@@ -22,6 +22,7 @@ from distcourse.launch import spawn
 from distcourse.mesh import Mesh
 from distcourse.parallel import fsdp, hybrid, zero
 from distcourse.parallel.ddp import DDP
+from distcourse.parallel.hybrid import fsdp_tp
 
 
 class Unsynced(zero.ZeroRedundancyOptimizer):
@@ -114,26 +115,30 @@ def _faults() -> dict[str, str]:
 
 
 def _fsdp_tp(rank: int) -> dict[str, str]:
-    """The chapter's 2x2 check on faults: SGD with gradients summed over dp; AdamW
-    with every rank on its own rows (the tp pair of a dp group disagrees)."""
+    """The chapter's 2x2 TinyGPT checks on faults: SGD (step 1's gradients and 3
+    steps) with gradients summed over dp; AdamW with both dp groups on group 0's
+    rows."""
     mesh, lines = Mesh((2, 2), ("dp", "tp")), {}
-    for kind, scale, rows in (
-        ("SGD", 2.0, mesh.coordinate["dp"]),
-        ("AdamW", 1.0, rank),
-    ):
-        model = hybrid.parallelize_mlp(ex.uneven_mlp(), mesh)
+    what = "max |2x2 mesh - one process|"
 
-        def scaled(model: nn.Module = model, scale: float = scale) -> None:
-            for p in model.parameters():
-                if p.grad is not None:
-                    p.grad *= scale
+    def summed(model: nn.Module) -> None:
+        for p in model.parameters():
+            p.grad *= 2
 
-        ex.train(
-            model, ex.optimizer(kind, model.parameters()), rows, before_step=scaled
-        )
+    lr, start = fsdp_tp.OPTIMIZERS["SGD"][1]["lr"], fsdp_tp.start_gpt()
+    after = hybrid.full_state_dict(fsdp_tp.train_gpt(mesh, "SGD", 1, summed), mesh)
+    ref = fsdp_tp.one_process_gpt("SGD", 1)
+    steps = [{k: (start[k] - s[k]) / lr for k in start} for s in (after, ref)]
+    diff = checks.max_over_ranks(fsdp_tp.difference(*steps, "SGD"))
+    lines["2x2 gradients"] = (
+        f"FSDP x TP GPT step-1 gradients: {what} {checks.verdict(diff, 1e-5)}"
+    )
+    for kind, fault in (("SGD", {"before_step": summed}), ("AdamW", {"rows": 0})):
+        model = fsdp_tp.train_gpt(mesh, kind, 3, **fault)
         full = hybrid.full_state_dict(model, mesh)
-        what = f"FSDP x TP {kind}: max |2x2 mesh - one process|"
-        lines[f"2x2 {kind}"] = _versus(full, ex.one_process(2, kind), what)
+        diff = fsdp_tp.difference(full, fsdp_tp.one_process_gpt(kind, 3), kind)
+        verdict = checks.verdict(checks.max_over_ranks(diff), 1e-5)
+        lines[f"2x2 {kind}"] = f"FSDP x TP GPT {kind}: {what} {verdict}"
     return lines
 
 
@@ -371,11 +376,11 @@ def test_a_resume_without_the_optimizer_state_fails(lines: dict[str, str]) -> No
 
 @pytest.mark.controls(
     "09_zero_fsdp",
-    r"FSDP x TP (SGD|AdamW): max \|2x2 mesh - one process\|",
-    fault="SGD: gradients summed over dp; AdamW: each rank on its own rows",
+    r"FSDP x TP GPT (SGD|AdamW|step-1 gradients): max \|2x2 mesh - one process\|",
+    fault="SGD: gradients summed over dp; AdamW: both dp groups on group 0's rows",
 )
 def test_a_faulty_2d_run_fails_against_one_process(lines: dict[str, str]) -> None:
-    for name in ("2x2 SGD", "2x2 AdamW"):
+    for name in ("2x2 gradients", "2x2 SGD", "2x2 AdamW"):
         assert lines[name].endswith("FAIL"), lines[name]
 
 

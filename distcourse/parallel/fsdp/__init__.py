@@ -2,8 +2,10 @@
 
 Read `api.py` first (`fully_shard`, `full_state_dict`: FSDP2's calls), then `unit.py`
 (what one unit does around forward and backward), `layout.py` (torch.chunk's
-dim-0 pieces, padded) and `checkpoint.py` (sharded state dicts for
-torch.distributed.checkpoint: save on N ranks, load on any other number).
+dim-0 pieces, padded), `checkpoint.py` (sharded state dicts for
+torch.distributed.checkpoint: save on N ranks, load on any other number) and
+`saved.py` (what autograd keeps for backward: activations apart from the gathered
+full weights, measured with saved-tensor hooks, and the formula).
 """
 
 from distcourse.parallel.fsdp.api import (
@@ -25,6 +27,7 @@ from distcourse.parallel.fsdp.checkpoint import (
     optimizer_state,
 )
 from distcourse.parallel.fsdp.layout import Piece, pieces
+from distcourse.parallel.fsdp.saved import saved_bytes, saved_formula, unit_buffer_bytes
 from distcourse.parallel.fsdp.unit import Unit
 
 __all__ = [
@@ -40,9 +43,12 @@ __all__ = [
     "model_state",
     "optimizer_state",
     "pieces",
+    "saved_bytes",
+    "saved_formula",
     "set_modules_to_backward_prefetch",
     "set_modules_to_forward_prefetch",
     "step_bytes",
+    "unit_buffer_bytes",
     "units",
     "world_mesh",
 ]

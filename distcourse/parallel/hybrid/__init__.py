@@ -9,7 +9,9 @@ layout: degrees, every layout of N ranks, the checks; stages: the GPT as a chain
 cut into stages and split by TP; runner: HybridGPT (the step); cost: bytes per
 axis per step and memory per rank, by formula; check: a layout against one
 process (`against_one_process`) and the lines that say so (`verdicts`); fsdp_tp:
-FSDP over dp with TP inside on a 2-D mesh (`parallelize_mlp`, `full_state_dict`).
+FSDP over dp with TP inside on a 2-D mesh (`parallelize_mlp`, `full_state_dict`;
+`fsdp_tp.parallelize_gpt` for TinyGPT blocks, `fsdp_tp.train_gpt` against
+`fsdp_tp.one_process_gpt`).
 """
 
 from distcourse.parallel.hybrid.check import (

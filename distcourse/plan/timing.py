@@ -1,0 +1,158 @@
+"""Seconds of one training step: compute, the pipeline's bubble, and each axis's
+messages under the alpha-beta model (chapter 2), with no overlap between them.
+
+Notation as in `plan.memory`; R the hardware's rate for the policy's dtype
+(`Hardware.rate`), and a link's (alpha, beta) per axis: with TP innermost (the grid
+arange(world).view(dp, pp, tp)), tp runs inside a node while t <= GPUs per node,
+pp while t p does, dp while d t p does; beyond, on the network
+(`parallel.hybrid.recipe.links`).
+
+Compute, integer FLOPs, for stage k and one micro-batch (before the split by t):
+
+    forward     (L // S) n (24 h h + 4 s h)  (+ 2 n h V on the last stage)
+                (the six matmuls, 12 h h multiply-adds a token; scores and the
+                weighted values, 2 s h each)
+    recompute   none 0; selective (L // S) 4 n s h (the attention core); full
+                (L // S) n (24 h h + 4 s h) (the blocks' forward again)
+    stage       3 forward + recompute           (backward = 2 forward)
+
+Rank r's FLOPs per micro-batch F_r = (sum over its stages) // t; U = max_r F_r / R:
+
+    compute = m U          bubble = (p - 1) / v x U    (0 when p = 1)
+
+Messages per step, for each pipeline rank r: (bytes, alpha steps) per axis. Bytes
+are wire bytes (`comm.ledger.ring_wire_bytes`, on a ring of k ranks, 0 if k = 1):
+all-reduce 2 (k - 1) T // k, all-gather and reduce-scatter (k - 1) T // k.
+A = n h e, the bytes of one activation. Over the rank's stages k:
+
+    tp  calls = 4 (L // S) + [k = 0] + [k last] all-reduces of A (forward g and
+        backward f around attention and MLP; the embedding's g; the head's f),
+        and on the last stage 3 more of 4 n bytes (the loss's max, sum, target;
+        fp32): bytes m (calls x AR(A, t) + 3 [last] x AR(4n, t)), steps
+        m (calls + 3 [last]) x 2 (t - 1). (Sequence parallelism swaps each
+        all-reduce for an all-gather and a reduce-scatter: the same bytes, the
+        same alpha steps.)
+    pp  sends = [k not last] + [k not 0] if p > 1, else 0: bytes m sends A,
+        steps m sends.
+    dp  once per step on the rank's P parameters, q = ceil(P / d) its share
+        (padded: every piece of a reduce-scatter or all-gather is q elements):
+        all-reduce of the gradients AR(y P, d) = 2 (d - 1) y P // d; a
+        reduce-scatter of them RS = (d - 1) y q; an all-gather of the weights
+        AG = (d - 1) w q (each rank hands in its q):
+        ZeRO 0  AR                 steps 2 (d - 1)
+        ZeRO 1  AR + AG            steps 3 (d - 1)
+        ZeRO 2  RS + AG            steps 2 (d - 1)
+        ZeRO 3  AG + AG + RS       steps 3 (d - 1)  (forward, backward, grads)
+
+Seconds per axis: the max over pipeline ranks of steps x alpha + bytes x beta,
+with the axis's link's (alpha, beta); `wire` is the max over ranks of the bytes.
+
+    step = compute + bubble + tp + pp + dp (seconds; an upper bound: nothing
+    overlaps).
+"""
+
+from __future__ import annotations
+
+from distcourse.comm.ledger import ring_wire_bytes
+from distcourse.parallel.hybrid.layout import Layout
+from distcourse.parallel.hybrid.recipe import Machine, links
+from distcourse.plan.hardware import Hardware
+from distcourse.plan.memory import rank_stages, stage_params
+from distcourse.plan.spec import DTypePolicy, ModelSpec, PlanLayout
+
+AXES = ("tp", "pp", "dp")
+DP_COLLECTIVES = {  # ZeRO stage -> (op, which bytes) in one step
+    0: (("all_reduce", "grad"),),
+    1: (("all_reduce", "grad"), ("all_gather", "weight")),
+    2: (("reduce_scatter", "grad"), ("all_gather", "weight")),
+    3: (("all_gather", "weight"), ("all_gather", "weight"), ("reduce_scatter", "grad")),
+}
+ALPHA_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (k - 1)
+
+
+def handed_in(op: str, what: str, policy: DTypePolicy, total: int, d: int) -> int:
+    """Bytes a rank hands to a data-parallel collective over P = `total` elements,
+    q = ceil(P / d) its (padded) share: an all-reduce the whole P, a reduce-scatter
+    d q (padded to equal pieces), an all-gather its own q."""
+    per = policy.reduce_bytes if what == "grad" else policy.weight_bytes
+    share = -(-total // d)
+    return per * {"all_reduce": total, "reduce_scatter": d * share}.get(op, share)
+
+
+def stage_flops(model: ModelSpec, b: int, layout: PlanLayout, stage: int) -> int:
+    """Forward + backward (+ recompute) FLOPs of a stage for one micro-batch, whole
+    (before the split over tp)."""
+    stages = layout.pp * layout.virtual
+    n, s, h = b * model.seq, model.seq, model.hidden
+    blocks = model.layers // stages
+    forward = blocks * n * (24 * h * h + 4 * s * h)
+    if stage == stages - 1:
+        forward += 2 * n * h * model.vocab
+    recompute = {"none": 0, "selective": blocks * 4 * n * s * h}.get(
+        layout.ckpt, blocks * n * (24 * h * h + 4 * s * h)
+    )
+    return 3 * forward + recompute
+
+
+def axis_links(layout: PlanLayout, hw: Hardware) -> dict[str, str]:
+    """'node', 'network' or '-' (degree 1) for each axis."""
+    machine = Machine(hw.name, hw.gpus_per_node, 0, 0, 0)
+    return links(Layout(layout.dp, layout.pp, layout.tp), machine)
+
+
+def rank_messages(
+    model: ModelSpec, batch: int, policy: DTypePolicy, layout: PlanLayout, rank: int
+) -> dict[str, tuple[int, int]]:
+    """Per axis: (wire bytes, alpha steps) pipeline rank `rank` sends in a step."""
+    stages, t, m = layout.pp * layout.virtual, layout.tp, layout.micro_batches
+    b = batch // (layout.dp * m)
+    n = b * model.seq
+    A = n * model.hidden * policy.activation_bytes
+    tp = pp = tp_steps = pp_steps = 0
+    for k in rank_stages(layout, rank):
+        first, last = k == 0, k == stages - 1
+        calls = 4 * model.layers // stages + first + last
+        tp += m * calls * ring_wire_bytes("all_reduce", A, t)
+        tp += m * 3 * last * ring_wire_bytes("all_reduce", 4 * n, t)
+        tp_steps += m * (calls + 3 * last) * 2 * (t - 1)
+        sends = (not last) + (not first) if layout.pp > 1 else 0
+        pp += m * sends * A
+        pp_steps += m * sends
+    total = sum(stage_params(model, layout, k) for k in rank_stages(layout, rank))
+    d = layout.dp
+    dp = dp_steps = 0
+    for op, what in DP_COLLECTIVES[layout.zero]:
+        dp += ring_wire_bytes(op, handed_in(op, what, policy, total, d), d)
+        dp_steps += ALPHA_STEPS[op] * (d - 1)
+    return dict(tp=(tp, tp_steps), pp=(pp, pp_steps), dp=(dp, dp_steps))
+
+
+def step_time(
+    model: ModelSpec,
+    batch: int,
+    policy: DTypePolicy,
+    layout: PlanLayout,
+    hw: Hardware,
+) -> tuple[dict[str, float], dict[str, int], int]:
+    """(seconds by part with 'total', wire bytes per axis, FLOPs): busiest rank's."""
+    t, p, m = layout.tp, layout.pp, layout.micro_batches
+    b = batch // (layout.dp * m)
+    rate = hw.rate(policy.dtype)
+    per_rank = [
+        sum(stage_flops(model, b, layout, k) for k in rank_stages(layout, r)) // t
+        for r in range(p)
+    ]
+    unit = max(per_rank) / rate
+    seconds = dict(compute=m * unit, bubble=(p - 1) / layout.virtual * unit)
+    where = axis_links(layout, hw)
+    wire = {axis: 0 for axis in AXES}
+    for axis in AXES:
+        alpha, beta = hw.link(where[axis])
+        worst = 0.0
+        for r in range(p):
+            nbytes, steps = rank_messages(model, batch, policy, layout, r)[axis]
+            worst = max(worst, steps * alpha + nbytes * beta)
+            wire[axis] = max(wire[axis], nbytes)
+        seconds[axis] = worst
+    seconds["total"] = sum(seconds.values())
+    return seconds, wire, m * max(per_rank)
