@@ -52,7 +52,9 @@ from distcourse.exercises.core import (
     check_answer,
     check_number,
     check_on_ranks,
+    check_table,
     compare,
+    functions,
 )
 
 __all__ = [
@@ -62,5 +64,7 @@ __all__ = [
     "check_answer",
     "check_number",
     "check_on_ranks",
+    "check_table",
     "compare",
+    "functions",
 ]
