@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from distcourse.exercises.ch06 import MATMUL
 from distcourse.parallel.pipeline.schedules import gpipe
 
 CHAPTERS = [f"ch{n:02d}" for n in range(1, 11)]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _summed(t: torch.Tensor) -> torch.Tensor:
@@ -150,3 +152,11 @@ def test_solutions_pass_and_wrong_answers_fail_with_a_hint(chapter, capsys) -> N
         assert line.count("\n") == 1 and "Traceback" not in line, line
         assert check(None) is False
         assert "not answered yet — hint: " in capsys.readouterr().out
+
+
+def test_the_appendix_shows_every_chapters_exercises_and_folds_its_solutions() -> None:
+    page = (ROOT / "book" / "appendix_solutions.md").read_text()
+    for chapter in CHAPTERS:
+        assert f"literalinclude}} ../distcourse/exercises/{chapter}.py" in page
+        assert f"dropdown}} Solutions: distcourse/exercises/solutions/{chapter}" in page
+    assert "book/appendix_solutions" in (ROOT / "_toc.yml").read_text()
