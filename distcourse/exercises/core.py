@@ -30,7 +30,10 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -43,6 +46,7 @@ Problem = str | None  # what is wrong with an answer; None when nothing is
 # seconds: each collective's timeout on the ranks, and the whole run's limit
 COLLECTIVE_TIMEOUT = 8.0
 RUN_LIMIT = 30.0
+IN_PROCESS_LIMIT = 10.0  # seconds for an answer judged in this process
 
 
 _HANG = "a recv with no matching send, or a collective that some ranks skip?"
@@ -121,10 +125,32 @@ def check_answer(
     if answer is None:
         return not_answered(name, hint)
     try:
-        problem = judge(answer)
+        with time_limit(IN_PROCESS_LIMIT):
+            problem = judge(answer)
     except AnswerError as err:
         problem = str(err)
     return say(name, problem, hint)
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """AnswerError if the block runs longer than `seconds` (an answer that loops).
+
+    SIGALRM interrupts the main thread only; elsewhere the block runs unlimited."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(*_: object) -> None:
+        raise AnswerError(f"your answer ran longer than {seconds:g} s (a loop?)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def check_on_ranks(
