@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import pkgutil
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from distcourse import exercises
 from distcourse.exercises.ch06 import MATMUL
 from distcourse.parallel.pipeline.schedules import gpipe
 
-CHAPTERS = [f"ch{n:02d}" for n in range(1, 11)]
+CHAPTERS = sorted(  # every chapter module: ch01 ... ch10, and any added later
+    m.name for m in pkgutil.iter_modules(exercises.__path__) if m.name[:2] == "ch"
+)
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -152,6 +156,10 @@ def test_solutions_pass_and_wrong_answers_fail_with_a_hint(chapter, capsys) -> N
         assert line.count("\n") == 1 and "Traceback" not in line, line
         assert check(None) is False
         assert "not answered yet — hint: " in capsys.readouterr().out
+
+
+def test_every_chapter_from_1_to_10_has_its_exercises() -> None:
+    assert {f"ch{n:02d}" for n in range(1, 11)} <= set(CHAPTERS)
 
 
 def test_the_appendix_shows_every_chapters_exercises_and_folds_its_solutions() -> None:
