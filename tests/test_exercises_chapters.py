@@ -20,6 +20,7 @@ from torch import nn
 
 from distcourse import exercises
 from distcourse.exercises.ch06 import MATMUL
+from distcourse.exercises.ch08 import PLAN
 from distcourse.parallel.pipeline.schedules import gpipe
 
 CHAPTERS = sorted(  # every chapter module: ch01 ... ch10, and any added later
@@ -104,7 +105,7 @@ WRONG = {  # a mistake per exercise
         "groups": {"dp": [5, 7], "pp": [1, 5], "tp": [4, 5]},
         "layout": (2, 2, 2),  # 0.64 GiB on a rank
         "parameters_held": 4 * 4344,
-        "dp_tp_plan": {"data": ("S(0)", "B"), "fc1.weight": ("B", "S(0)")},
+        "dp_tp_plan": {**PLAN, "proj.weight": ("B", "S(0)")},  # split like fc's
     },
     "ch09": {
         "zero2_bytes": 16 * 10**9 // 8,

@@ -8,7 +8,8 @@
    parallelism inside a machine: a tuple or a `Layout`.
 3. `check_parameters_held(x)`: parameters a rank of pipeline stage 0 holds for the
    book's tiny GPT (`GPTConfig()`) under `Layout(dp=1, pp=2, tp=4)`.
-4. `check_dp_tp_plan(table)` (8b): the DP x TP plan of an MLP on a 2 x 2 placement
+4. `check_dp_tp_plan(table)` (8b): the DP x TP plan of chapter 8b's MLP (`fc`, then
+   `proj`) on a 2 x 2 placement
    (mesh dimension 0 data parallel, 1 tensor parallel), nn.Linear's (out, in) layout:
    for each key of `PLAN`, its signature as a pair, e.g. ('S(0)', 'B').
 """
@@ -31,12 +32,12 @@ MODEL = GPTConfig(vocab=32000, block_size=1024, n_layer=8, n_head=16, n_embd=102
 BUDGET, NODE = 2**29, 4  # bytes of model state per rank; GPUs per machine
 PLAN = {
     "data": ("S(0)", "B"),
-    "fc1.weight": ("B", "S(0)"),
-    "fc1.bias": ("B", "S(0)"),
+    "fc.weight": ("B", "S(0)"),
+    "fc.bias": ("B", "S(0)"),
     "hidden": ("S(0)", "S(1)"),
-    "fc2.weight": ("B", "S(1)"),
-    "fc2 output before its bias": ("S(0)", "P"),
-    "fc2.bias": ("B", "B"),
+    "proj.weight": ("B", "S(1)"),
+    "proj output before its bias": ("S(0)", "P"),
+    "proj.bias": ("B", "B"),
 }
 
 
@@ -132,6 +133,6 @@ def check_dp_tp_plan(answer: object) -> bool:
         answer,
         PLAN,
         hint="dimension 0 splits the data's rows and keeps weights whole (B); "
-        "dimension 1 splits fc1 by output features (dim 0 of its weight) and fc2 by "
-        "input features (dim 1), which leaves fc2's product a partial sum",
+        "dimension 1 splits fc by output features (dim 0 of its weight) and proj "
+        "by input features (dim 1), which leaves proj's product a partial sum",
     )

@@ -13,10 +13,10 @@ parameters_held = 3320 + 512 + 512
 
 dp_tp_plan = {
     "data": ("S(0)", "B"),
-    "fc1.weight": ("B", "S(0)"),
-    "fc1.bias": ("B", "S(0)"),
+    "fc.weight": ("B", "S(0)"),
+    "fc.bias": ("B", "S(0)"),
     "hidden": ("S(0)", "S(1)"),
-    "fc2.weight": ("B", "S(1)"),
-    "fc2 output before its bias": ("S(0)", "P"),
-    "fc2.bias": ("B", "B"),
+    "proj.weight": ("B", "S(1)"),
+    "proj output before its bias": ("S(0)", "P"),
+    "proj.bias": ("B", "B"),
 }
