@@ -6,6 +6,10 @@
   a backward that passes their gradients home), Work (blocks computed);
 - `cost`: wire bytes (ring_bytes), memory kept for backward (saved_bytes against
   saved_bytes_formula) and work per rank (work_blocks, imbalance) by formula;
+- `check`: the chapter's checks against one process's attention
+  (against_full_attention) and of bytes, memory and blocks (wire_and_memory);
+- `torch_side`: torch's `context_parallel` (its split runs on CPU, its attention
+  needs CUDA kernels);
 - `gpt`: TinyGPT with ring attention (context_parallel_gpt), trained dp x cp on a
   2-D mesh against one process (train_dp_cp, against_one_process).
 """

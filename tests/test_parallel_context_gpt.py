@@ -1,0 +1,71 @@
+"""TinyGPT with ring attention trained dp x cp on 4 gloo ranks (a 2 x 2 mesh),
+zig-zag and contiguous: the first step's gradients and the parameters after 3 SGD
+steps equal one process's (1e-5); a cp that does not divide the world and a
+sequence that does not split are refused before any collective."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distcourse.comm.ledger import Ledger
+from distcourse.examples.gpt import GPTConfig, TinyGPT, token_batches
+from distcourse.launch import spawn
+from distcourse.parallel.context import gpt as cg
+
+
+def _run() -> dict[str, object]:
+    torch.set_num_threads(1)
+    cfg, out = GPTConfig(), {}
+    batches = token_batches(3, 4, cfg)
+    with Ledger() as ledger:
+        for cp in (3, 0):
+            try:
+                cg.make_mesh(cp)
+            except ValueError as err:
+                out[f"cp={cp}"] = str(err)
+    out["sent"] = len(ledger.records)
+    mesh = cg.make_mesh(2)
+    for layout in ("zigzag", "contiguous"):
+        out[layout] = cg.against_one_process(mesh, cfg, batches, layout=layout)
+    model = cg.ContextGPT(TinyGPT(GPTConfig(block_size=12)), mesh.group("cp"))
+    with Ledger() as ledger:
+        try:
+            model(torch.zeros(2, 5, dtype=torch.long))  # 10 tokens: not 4 chunks
+        except ValueError as err:
+            out["sequence"] = str(err)
+    out["sent seq"] = len(ledger.records)
+    out["coordinate"] = (dist.get_rank(), mesh.coordinate)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict[str, object]]:
+    return spawn(_run, 4, timeout=60)
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_dp_x_cp_equals_one_process(runs: list, layout: str) -> None:
+    for out in runs:
+        grads, params = out[layout]
+        assert grads <= 1e-5 and params <= 1e-5, (grads, params)
+
+
+def test_the_mesh_puts_cp_innermost(runs: list) -> None:
+    got = [out["coordinate"] for out in runs]
+    assert got[1] == (1, {"dp": 0, "cp": 1})
+    assert got[2] == (2, {"dp": 1, "cp": 0})
+
+
+def test_bad_degrees_and_sequences_are_refused_before_any_collective(
+    runs: list,
+) -> None:
+    for out in runs:
+        assert out["cp=3"] == "cp=3 does not divide the world of 4 ranks"
+        assert out["cp=0"] == "cp=0 does not divide the world of 4 ranks"
+        assert out["sent"] == 0
+        assert (
+            "a sequence of 10 tokens does not split into 2 x cp = 4" in out["sequence"]
+        )
+        assert out["sent seq"] == 0
