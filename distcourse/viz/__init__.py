@@ -2,10 +2,12 @@
 live), `timing` (costs, timelines, Gantt charts), `duality` (what a conversion
 sends forward and backward), `mesh` (ranks on a device mesh, their groups per axis,
 bytes per axis, costs per layout), `sharding` (who holds which model state under
-ZeRO's stages; memory held against bytes sent). Every function returns a
+ZeRO's stages; memory held against bytes sent), `context` (ring attention: the
+ring, the sequence split, the causal blocks per rank). Every function returns a
 matplotlib Figure and never calls plt.show().
 """
 
+from distcourse.viz.context import ring_blocks
 from distcourse.viz.duality import conversion_bytes
 from distcourse.viz.mesh import axis_bytes, layout_costs, mesh_groups
 from distcourse.viz.sharding import (
@@ -27,6 +29,7 @@ __all__ = [
     "memory_for_communication",
     "mesh_groups",
     "rank_tensors",
+    "ring_blocks",
     "sbp_pieces",
     "timeline",
     "tp_layout",
