@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from distcourse import checks
+from distcourse import checks, runtime
 from distcourse.comm.agree import Group, members
 from distcourse.examples.gpt import GPTConfig, SelfAttention, TinyGPT, lm_loss
 from distcourse.mesh import Mesh
@@ -171,13 +171,16 @@ def against_one_process(
     """(step-1 gradients, parameters after every step): the largest difference
     between the dp x cp run and one process, over every tensor and every rank.
 
-    Both start from TinyGPT(cfg) under seed 0. `reduce` and `wrap` are the gradient
-    reduction and the model wrapper, replaceable to plant a fault.
+    Both start from TinyGPT(cfg) under seed 0, on the rank's device. `reduce` and
+    `wrap` are the gradient reduction and the model wrapper, replaceable to plant a
+    fault.
     """
+    device = runtime.device()
+    batches = [(x.to(device), y.to(device)) for x, y in batches]
     torch.manual_seed(0)
-    one = TinyGPT(cfg)
+    one = TinyGPT(cfg).to(device)
     torch.manual_seed(0)
-    ours = wrap(TinyGPT(cfg), mesh.group("cp"), layout)
+    ours = wrap(TinyGPT(cfg).to(device), mesh.group("cp"), layout)
     ref_grads = train_one_process(one, batches)
     _, grads = train_dp_cp(ours, batches, mesh, reduce=reduce)
     ref = dict(one.named_parameters())
