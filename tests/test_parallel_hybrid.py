@@ -109,6 +109,10 @@ def test_layouts_of_eight_ranks() -> None:
             dict(micro_batches=2),
             "micro_batches=2 needs a pipeline: pp=1",
         ),
+        (hybrid.Layout(ep=4), None, dict(experts=6), "experts=6 is not divisible"),
+        (hybrid.Layout(ep=2), None, dict(batch=5), "into dp=1 x ep=2 equal shares"),
+        (hybrid.Layout(cp=2), None, dict(seq_len=6), "into 2 x cp=4 zig-zag"),
+        (hybrid.Layout(dp=2, ep=2), None, dict(world=2), "ep=2 x tp=1 = 4 ranks"),
     ],
 )
 def test_bad_layouts_are_refused_naming_the_degree(
@@ -121,6 +125,16 @@ def test_bad_layouts_are_refused_naming_the_degree(
 def test_degrees_must_be_positive_integers() -> None:
     with pytest.raises(ValueError, match="tp must be a positive integer"):
         hybrid.Layout(2, 1, 0)
+    with pytest.raises(ValueError, match="ep must be a positive integer"):
+        hybrid.Layout(ep=0)
+
+
+def test_expert_and_context_axes_join_the_layout() -> None:
+    assert hybrid.Layout(2, 2, 2) == hybrid.Layout(2, 2, 2, ep=1, cp=1)
+    layout = hybrid.Layout(dp=2, ep=2, cp=2)
+    assert layout.world == 8 and layout.name == "2x1x1 ep2 cp2"
+    assert layout.axes == (("dp", 2), ("pp", 1), ("ep", 2), ("cp", 2), ("tp", 1))
+    hybrid.check(layout, world=8, batch=4, experts=4, seq_len=16)  # all fine
 
 
 def _bad_mesh() -> str:

@@ -1,0 +1,89 @@
+"""What expert parallelism sends and holds, by formula: for the checks and for a
+planner choosing an ep degree.
+
+One MoE layer, one training step (forward and backward), on a rank of an ep group
+of n ranks, rows of C values of b bytes (row = C*b bytes). The forward makes three
+all_to_alls: the counts (E int64 per rank), the dispatch (S rows handed in: the
+rank's kept assignments) and the combine (R rows: what its experts computed);
+the backward repeats the last two with the counts swapped (the dispatch's only
+when the layer's input needs a gradient, as it does inside a model). Handed in
+per step: 8E + 2(S + R) row bytes.
+
+The book's convention counts a library all_to_all of T bytes as the ring runs it,
+(n-1)T/n on the wire, and so does the ledger (`ledger_bytes`). That is exact when
+a rank sends every peer the same amount. With uneven counts, what a rank actually
+puts on the wire is what it sends to the other ranks (`exact_bytes`):
+
+    8E(n-1)/n + 2 (S - s_self + R - r_self) * row
+
+where s_self (r_self) are the rows it sends to (receives from) itself: they never
+leave the rank. Both equal 4(n-1)/n k T row + 8E(n-1)/n when the router is even
+and drops nothing (`balanced_bytes`, the planner's estimate).
+"""
+
+from __future__ import annotations
+
+from distcourse.comm.ledger import ring_wire_bytes
+from distcourse.parallel.experts.dispatch import Traffic
+from distcourse.parallel.experts.router import capacity
+
+
+def handed_in(t: Traffic) -> int:
+    """Bytes one layer's step hands to its all_to_alls on this rank."""
+    rows = sum(t.sent) + sum(t.received)
+    return 8 * t.counts + 2 * rows * t.row_bytes
+
+
+def ledger_bytes(t: Traffic) -> int:
+    """One layer's step under the ring convention, call by call, as the ledger
+    counts it (each call's share rounded down)."""
+    n = len(t.sent)
+    calls = [8 * t.counts] + 2 * [sum(t.sent) * t.row_bytes]
+    calls += 2 * [sum(t.received) * t.row_bytes]
+    return sum(ring_wire_bytes("all_to_all", c, n) for c in calls)
+
+
+def exact_bytes(t: Traffic) -> int:
+    """One layer's step: bytes this rank actually sends to other ranks."""
+    n = len(t.sent)
+    counts = 8 * t.counts * (n - 1) // n  # the counts are even: E / n per peer
+    away = sum(t.sent) - t.sent[t.rank] + sum(t.received) - t.received[t.rank]
+    return counts + 2 * away * t.row_bytes
+
+
+def balanced_bytes(
+    tokens: int, n_embd: int, n_experts: int, top_k: int, ep: int, dtype_bytes: int = 4
+) -> int:
+    """One layer's step on one rank when every expert gets k T / E assignments from
+    every rank and none is dropped: 4 (n-1)/n k T C b + 8 E (n-1)/n."""
+    if ep == 1:
+        return 0
+    rows = top_k * tokens * n_embd * dtype_bytes
+    return 4 * (ep - 1) * rows // ep + 8 * n_experts * (ep - 1) // ep
+
+
+def expert_parameters(n_embd: int, hidden: int | None = None) -> int:
+    """Parameters of one expert (the tiny GPT's MLP: C -> 4C -> C, with biases)."""
+    h = 4 * n_embd if hidden is None else hidden
+    return 2 * n_embd * h + h + n_embd
+
+
+def memory_per_rank(
+    tokens: int,
+    n_embd: int,
+    n_experts: int,
+    top_k: int,
+    capacity_factor: float,
+    ep: int,
+    dtype_bytes: int = 4,
+) -> dict[str, int]:
+    """Bytes one MoE layer puts on a rank: its E / ep experts' parameters (and as
+    many for their gradients), the gate's, and the most rows its experts can be
+    sent: capacity per group x ep groups x E / ep experts, each row in and out."""
+    local = n_experts // ep
+    room = capacity(tokens, n_experts, top_k, capacity_factor)
+    return {
+        "experts": local * expert_parameters(n_embd) * dtype_bytes,
+        "gate": n_embd * n_experts * dtype_bytes,
+        "buffers": 2 * room * ep * local * n_embd * dtype_bytes,
+    }

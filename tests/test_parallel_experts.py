@@ -1,0 +1,137 @@
+"""Expert parallelism on real gloo ranks: one MoE layer split over 2 and 4 ranks
+gives one process's outputs, loss, gradients (the input's included) and dropped
+assignments, with top-1 and top-2, even, uneven and overflowing routing; the
+ledger's bytes equal the formula call by call, and the exact bytes add up across
+ranks; a MoE TinyGPT trained dp x ep on a 2 x 2 mesh equals one process; bad
+input is refused on every rank before any group or message.
+tests/controls/test_12_experts.py plants faults under the same checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distcourse.checks import outcomes
+from distcourse.launch import spawn
+from distcourse.parallel import experts, hybrid
+from distcourse.parallel.experts import cost
+
+CASES = {
+    "top1": dict(top_k=1),
+    "top2": dict(top_k=2),
+    "top1 skewed": dict(top_k=1, skew=6.0),  # every token wants expert 0
+    "top2 skewed, capacity 1": dict(top_k=2, skew=6.0, capacity_factor=1.0),
+}
+
+
+def _layers() -> dict[str, dict]:
+    torch.set_num_threads(1)
+    found = {
+        name: experts.layer_against_one_process(**kw) for name, kw in CASES.items()
+    }
+    if dist.get_world_size() == 4:
+        mesh = hybrid.make_mesh(hybrid.Layout(dp=2, ep=2))
+        for k in (1, 2):
+            cfg = experts.MoEConfig(top_k=k)
+            found[f"dp x ep, top{k}"] = experts.model_against_one_process(mesh, cfg)
+    return found
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def runs(request: pytest.FixtureRequest) -> list[dict[str, dict]]:
+    return spawn(_layers, request.param, timeout=120)
+
+
+def test_the_layer_equals_one_process(runs: list[dict[str, dict]]) -> None:
+    for found in runs:
+        for name in CASES:
+            r = found[name]
+            lines = experts.lines(r)
+            assert all(ln.endswith(("PASS", "True")) for ln in lines), (name, lines)
+            assert r["grad_diff"] <= experts.TOL and r["out_diff"] <= experts.TOL
+
+
+def test_routing_is_uneven_and_drops(runs: list[dict[str, dict]]) -> None:
+    """The cases cover what they claim: uneven counts, and drops past capacity."""
+    r = runs[0]
+    assert len(set(r["top1"]["sent"])) > 1  # uneven counts to the peers
+    assert r["top1 skewed"]["load"][0] == sum(r["top1 skewed"]["load"])
+    assert r["top1 skewed"]["dropped"] > 0 and r["top2 skewed, capacity 1"]["dropped"]
+
+
+def test_bytes_ledger_and_exact(runs: list[dict[str, dict]]) -> None:
+    n = len(runs)
+    for name in CASES:
+        got = [found[name] for found in runs]
+        assert all(r["bytes"] == r["formula"] for r in got), name
+        # every row one rank sends away is a row another receives
+        away = [sum(r["sent"]) - r["sent"][i] for i, r in enumerate(got)]
+        come = [sum(r["received"]) - r["received"][i] for i, r in enumerate(got)]
+        assert sum(away) == sum(come)
+        counts = 8 * 4 * (n - 1) // n  # 4 experts' int64 counts, even
+        row = 16 * 4
+        for i, r in enumerate(got):
+            assert r["exact"] == counts + 2 * (away[i] + come[i]) * row
+
+
+def test_dp_by_ep_equals_one_process(runs: list[dict[str, dict]]) -> None:
+    if len(runs) != 4:
+        pytest.skip("the 2 x 2 mesh needs 4 ranks")
+    for rank, found in enumerate(runs):
+        for k in (1, 2):
+            r = found[f"dp x ep, top{k}"]
+            assert all(ln.endswith("PASS") for ln in experts.lines(r))
+            assert r["losses"][-1] < r["losses"][0]  # it learns
+            assert r["experts_here"][0] == ([0, 1] if rank % 2 == 0 else [2, 3])
+
+
+def _bad_input() -> list[str]:
+    groups = dist.distributed_c10d.get_pg_count()
+    cases = {
+        "experts": lambda: experts.shard_experts(experts.MoE(8, 3), None),
+        "top_k": lambda: experts.MoE(8, 4, top_k=5),
+        "capacity": lambda: experts.MoE(8, 4, capacity_factor=0.0),
+        "config": lambda: experts.MoEConfig(n_experts=4, capacity_factor=-1.0),
+    }
+    said = outcomes(cases)
+    assert dist.distributed_c10d.get_pg_count() == groups  # no group made
+    return said
+
+
+def test_bad_input_is_refused_on_every_rank() -> None:
+    said = spawn(_bad_input, 2, timeout=30)
+    assert said[0] == said[1]
+    assert said[0] == [
+        "experts: n_experts=3 is not divisible by ep size 2",
+        "top_k: top_k=5 is larger than the 4 experts",
+        "capacity: capacity_factor must be positive, got 0.0: an expert with no "
+        "room would drop every token",
+        "config: capacity_factor must be positive, got -1.0: an expert with no "
+        "room would drop every token",
+    ]
+
+
+def test_router_order_capacity_and_aux() -> None:
+    """First choices before second ones; tokens in order within a choice; the
+    Switch loss is 1 for an even router."""
+    logits = torch.tensor([[3.0, 2.0, 0.0], [3.0, 0.0, 2.0], [3.0, 2.0, 0.0]])
+    r = experts.route(logits, top_k=2, capacity_factor=1.0)  # room for 2 each
+    assert experts.capacity(3, 3, 2, 1.0) == 2
+    assert r.expert.tolist() == [0, 0, 0, 1, 2, 1]
+    assert r.kept.tolist() == [True, True, False, True, True, True]
+    assert r.load.tolist() == [3, 2, 1]
+    even = experts.route(torch.zeros(4, 2), top_k=1, capacity_factor=1.0)
+    torch.testing.assert_close(even.aux, torch.tensor(1.0))
+
+
+def test_balanced_bytes_is_the_exact_formula_for_even_counts() -> None:
+    """An even router that drops nothing: the planner's estimate is exact."""
+    tokens, n, c, e, k = 8, 4, 16, 4, 2
+    per_peer = k * tokens // n
+    t = experts.Traffic((per_peer,) * n, (per_peer,) * n, 1, c * 4, e)
+    assert cost.balanced_bytes(tokens, c, e, k, n) == cost.exact_bytes(t)
+    assert cost.ledger_bytes(t) == cost.exact_bytes(t)
+    assert cost.balanced_bytes(tokens, c, e, k, 1) == 0
+    mem = cost.memory_per_rank(tokens, c, e, k, 1.25, ep=2)
+    assert mem["experts"] == 2 * (2 * c * 4 * c + 4 * c + c) * 4
