@@ -1,6 +1,7 @@
 """TinyGPT with ring attention trained dp x cp on 4 gloo ranks (a 2 x 2 mesh),
 zig-zag and contiguous: the first step's gradients and the parameters after 3 SGD
-steps equal one process's (1e-5); a cp that does not divide the world and a
+steps equal one process's (1e-5), also on the mesh of chapter 8's `Layout(dp=2,
+cp=2)`; a cp that does not divide the world and a
 sequence that does not split are refused before any collective."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch.distributed as dist
 from distcourse.comm.ledger import Ledger
 from distcourse.examples.gpt import GPTConfig, TinyGPT, token_batches
 from distcourse.launch import spawn
+from distcourse.parallel import hybrid
 from distcourse.parallel.context import gpt as cg
 
 
@@ -29,6 +31,10 @@ def _run() -> dict[str, object]:
     mesh = cg.make_mesh(2)
     for layout in ("zigzag", "contiguous"):
         out[layout] = cg.against_one_process(mesh, cfg, batches, layout=layout)
+    layout = hybrid.Layout(dp=2, cp=2)  # chapter 8's Layout with its cp axis
+    chapter8 = hybrid.make_mesh(layout)
+    out["layout"] = cg.against_one_process(chapter8, cfg, batches)
+    out["same grid"] = chapter8.coordinate == {**mesh.coordinate, "pp": 0, "tp": 0}
     model = cg.ContextGPT(TinyGPT(GPTConfig(block_size=12)), mesh.group("cp"))
     with Ledger() as ledger:
         try:
@@ -50,6 +56,13 @@ def test_dp_x_cp_equals_one_process(runs: list, layout: str) -> None:
     for out in runs:
         grads, params = out[layout]
         assert grads <= 1e-5 and params <= 1e-5, (grads, params)
+
+
+def test_chapter_8s_layout_with_cp_gives_the_same_mesh_and_run(runs: list) -> None:
+    for out in runs:
+        grads, params = out["layout"]
+        assert grads <= 1e-5 and params <= 1e-5, (grads, params)
+        assert out["same grid"] is True
 
 
 def test_the_mesh_puts_cp_innermost(runs: list) -> None:
