@@ -1,8 +1,8 @@
 """TinyGPT with ring attention trained dp x cp on 4 gloo ranks (a 2 x 2 mesh),
 zig-zag and contiguous: the first step's gradients and the parameters after 3 SGD
 steps equal one process's (1e-5), also on the mesh of chapter 8's `Layout(dp=2,
-cp=2)`; a cp that does not divide the world and a
-sequence that does not split are refused before any collective."""
+cp=2)`; a step's wire bytes equal `step_bytes`; a cp that does not divide the
+world and a sequence that does not split are refused before any collective."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ def _run() -> dict[str, object]:
     mesh = cg.make_mesh(2)
     for layout in ("zigzag", "contiguous"):
         out[layout] = cg.against_one_process(mesh, cfg, batches, layout=layout)
+    model = cg.ContextGPT(TinyGPT(cfg), mesh.group("cp"))
+    with Ledger() as ledger:
+        cg.train_dp_cp(model, batches[:1], mesh)
+    want = cg.step_bytes(model, tuple(batches[0][0].shape), mesh)
+    out["step bytes"] = (ledger.bytes_sent(), want)
     layout = hybrid.Layout(dp=2, cp=2)  # chapter 8's Layout with its cp axis
     chapter8 = hybrid.make_mesh(layout)
     out["layout"] = cg.against_one_process(chapter8, cfg, batches)
@@ -63,6 +68,12 @@ def test_chapter_8s_layout_with_cp_gives_the_same_mesh_and_run(runs: list) -> No
         grads, params = out["layout"]
         assert grads <= 1e-5 and params <= 1e-5, (grads, params)
         assert out["same grid"] is True
+
+
+def test_a_steps_wire_bytes_equal_the_formula(runs: list) -> None:
+    for out in runs:
+        sent, want = out["step bytes"]
+        assert sent == want > 0
 
 
 def test_the_mesh_puts_cp_innermost(runs: list) -> None:

@@ -11,7 +11,8 @@
 - `torch_side`: torch's `context_parallel` (its split runs on CPU, its attention
   needs CUDA kernels);
 - `gpt`: TinyGPT with ring attention (context_parallel_gpt), trained dp x cp on a
-  2-D mesh against one process (train_dp_cp, against_one_process).
+  2-D mesh against one process (train_dp_cp, against_one_process), the wire bytes
+  of its step (step_bytes).
 """
 
 from distcourse.parallel.context.cost import (

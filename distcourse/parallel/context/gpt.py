@@ -27,8 +27,10 @@ from torch import Tensor, nn
 
 from distcourse import checks, runtime
 from distcourse.comm.agree import Group, members
+from distcourse.comm.ledger import ring_wire_bytes
 from distcourse.examples.gpt import GPTConfig, SelfAttention, TinyGPT, lm_loss
 from distcourse.mesh import Mesh
+from distcourse.parallel.context.cost import ring_bytes
 from distcourse.parallel.context.ring import ring_attention
 from distcourse.parallel.context.split import check_layout, check_sequence, positions
 from distcourse.parallel.context.split import shard as shard_tokens
@@ -115,6 +117,22 @@ def average_gradients(model: nn.Module, mesh: Mesh) -> None:
             dist.all_reduce(p.grad, group=mesh.group("cp"))
             dist.all_reduce(p.grad, group=mesh.group("dp"))
             p.grad /= n
+
+
+def step_bytes(model: ContextGPT, batch_shape: tuple[int, int], mesh: Mesh) -> int:
+    """Wire bytes one rank sends in a training step of `model` on a whole batch of
+    `batch_shape` (B, T): each block's ring attention (its agreement check off),
+    then every gradient all-reduced over cp and over dp (2(n − 1)/n of its bytes
+    on a ring of n, per tensor)."""
+    B, T = batch_shape
+    dp, cp = mesh.size("dp"), mesh.size("cp")
+    cfg = model.model.cfg
+    kv = (B // dp) * (T // cp) * cfg.n_embd * 4  # this rank's K, every head, fp32
+    total = cfg.n_layer * ring_bytes(kv, cp, check=False)
+    for p in model.parameters():
+        size = p.numel() * p.element_size()
+        total += sum(ring_wire_bytes("all_reduce", size, n) for n in (cp, dp))
+    return total
 
 
 Reduce = Callable[[nn.Module, Mesh], None]
