@@ -2,9 +2,9 @@
 
 One spawn of 4 ranks (the chapter's count) reruns each check the chapter prints
 (`check.against_full_attention`, `check.wire_and_memory`,
-`check.full_attention_kept`, `cg.against_one_process`, `torch_side.shard`) with a
-fault planted, and builds each verdict line as the chapter does; every line must
-say FAIL or False.
+`check.full_attention_kept`, `cg.against_one_process`, `cg.step_bytes`,
+`torch_side.shard`) with a fault planted, and builds each verdict line as the
+chapter does; every line must say FAIL or False.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from distcourse import checks
 from distcourse.comm.autograd import all_gather_along
-from distcourse.examples.gpt import GPTConfig, token_batches
+from distcourse.comm.ledger import Ledger
+from distcourse.examples.gpt import GPTConfig, TinyGPT, token_batches
 from distcourse.launch import spawn
 from distcourse.mesh import Mesh
 from distcourse.parallel import context
@@ -133,6 +134,14 @@ def _faults() -> dict[str, str]:
         lines[fault, layout, "params"] = (
             f"{what} parameters after 3 SGD steps " + checks.verdict(params, 1e-5)
         )
+    model = cg.ContextGPT(TinyGPT(cfg), mesh.group("cp"))
+    with Ledger() as ledger:
+        cg.train_dp_cp(model, batches[:1], mesh, reduce=_only_dp)
+    sent = ledger.bytes_sent()
+    want = cg.step_bytes(model, tuple(batches[0][0].shape), mesh)
+    lines["step bytes"] = (
+        f"wire bytes of a dp x cp step {sent} = formula: {sent == want}"
+    )
     grads, _ = cg.against_one_process(mesh, cfg, batches)  # positions right
     seen = grads > 1e-5
     lines["pitfall"] = (
@@ -230,3 +239,12 @@ def test_faulty_dp_x_cp_fails_against_one_process(lines: dict) -> None:
 )
 def test_right_positions_do_not_differ(lines: dict) -> None:
     assert lines["pitfall"].endswith("False"), lines["pitfall"]
+
+
+@pytest.mark.controls(
+    "12b_context",
+    r"wire bytes of a dp x cp step \d+ = formula",
+    fault="gradients averaged over dp only: the cp all-reduces never sent",
+)
+def test_a_step_without_the_cp_all_reduce_fails_the_byte_formula(lines: dict) -> None:
+    assert lines["step bytes"].endswith("False"), lines["step bytes"]
