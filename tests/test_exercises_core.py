@@ -22,6 +22,7 @@ from distcourse.exercises import (
     check_number,
     check_on_ranks,
     compare,
+    core,
 )
 
 HINT = "a hint for the reader"
@@ -67,6 +68,17 @@ def test_answer_judged_in_process_with_the_readers_exception_named(capsys) -> No
     assert "square(3) should be 9" in _line(capsys)
     assert not check_answer("t.sq", lambda x: x / 0, _judge, hint=HINT)
     assert "your function raised ZeroDivisionError" in _line(capsys)
+
+
+def _loops(x: int) -> int:
+    while True:
+        x += 1
+
+
+def test_an_answer_that_loops_is_stopped(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(core, "IN_PROCESS_LIMIT", 0.2)
+    assert not check_answer("t.sq", _loops, _judge, hint=HINT)
+    assert "your answer ran longer than 0.2 s" in _line(capsys)
 
 
 def test_compare_says_type_shape_then_values() -> None:

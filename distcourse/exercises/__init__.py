@@ -9,7 +9,7 @@ exercise (`solutions.ch02.ring_all_reduce` for `ch02.check_ring_all_reduce`); th
 book folds them away in its appendix, and tests/test_exercises_chapters.py runs each
 solution (it must pass) and a wrong answer (it must fail, with its hint).
 
-How a chapter module is written (the whole pattern; `core` has the three helpers)::
+How a chapter module is written (the whole pattern; `core` has the helpers)::
 
     '''Chapter 12's exercises: ... (one line per exercise).'''
     import torch
@@ -38,6 +38,16 @@ How a chapter module is written (the whole pattern; `core` has the three helpers
             "ch12.route", answer, route_probe, 4, hint="send piece j to rank j ...",
         )
 
+Other answers: `check_answer(name, answer, judge, hint=...)` judges anything
+in-process (a schedule, a layout; `judge(answer)` returns None or what is wrong,
+calling the reader's functions through `call`, within a time limit);
+`check_table(name, answer, expected, hint=...)` compares a dict entry by entry
+(strings without spaces or case); `check_on_ranks(..., form=functions(2))` takes a
+pair of functions such as Megatron's (f, g). Add the chapter's solutions to
+`solutions/chNN.py` (one name per exercise), a wrong answer per exercise to
+tests/test_exercises_chapters.py's WRONG (the test finds every `chNN` module), and
+the chapter to book/appendix_solutions.md.
+
 A probe is a module-level function (it travels to the ranks by reference) that
 returns None or a sentence saying what is wrong on this rank. A hang in the reader's
 code ends within the collective timeout, an exception is reported as one sentence
@@ -52,7 +62,9 @@ from distcourse.exercises.core import (
     check_answer,
     check_number,
     check_on_ranks,
+    check_table,
     compare,
+    functions,
 )
 
 __all__ = [
@@ -62,5 +74,7 @@ __all__ = [
     "check_answer",
     "check_number",
     "check_on_ranks",
+    "check_table",
     "compare",
+    "functions",
 ]

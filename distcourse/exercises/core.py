@@ -6,13 +6,15 @@ A check prints exactly one line and returns a bool:
     ch02.ring_all_reduce: FAIL — rank 1 holds 6.0 where 10.0 was expected — hint: ...
     ch02.ring_all_reduce: not answered yet — hint: ...
 
-Three kinds of answers, three helpers:
+Answers of every kind, a helper each:
 
 - `check_number(name, answer, expected, hint=...)`: a number, compared in-process
   within a relative tolerance.
 - `check_answer(name, answer, judge, hint=...)`: anything else checked in-process (a
   schedule, a layout, a table of signatures, a small pure function); `judge(answer)`
   returns what is wrong, or None.
+- `check_table(name, answer, expected, hint=...)`: a dict (signatures, groups),
+  entry by entry; strings compare without spaces or case ('s(0)' is 'S(0)').
 - `check_on_ranks(name, answer, probe, world_size, hint=...)`: a function that runs on
   real gloo ranks (`launch.spawn`); `probe(answer)` runs on every rank, calls the
   answer through `call`, and returns what is wrong on that rank, or None.
@@ -28,7 +30,10 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -41,6 +46,7 @@ Problem = str | None  # what is wrong with an answer; None when nothing is
 # seconds: each collective's timeout on the ranks, and the whole run's limit
 COLLECTIVE_TIMEOUT = 8.0
 RUN_LIMIT = 30.0
+IN_PROCESS_LIMIT = 10.0  # seconds for an answer judged in this process
 
 
 _HANG = "a recv with no matching send, or a collective that some ranks skip?"
@@ -119,10 +125,32 @@ def check_answer(
     if answer is None:
         return not_answered(name, hint)
     try:
-        problem = judge(answer)
+        with time_limit(IN_PROCESS_LIMIT):
+            problem = judge(answer)
     except AnswerError as err:
         problem = str(err)
     return say(name, problem, hint)
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """AnswerError if the block runs longer than `seconds` (an answer that loops).
+
+    SIGALRM interrupts the main thread only; elsewhere the block runs unlimited."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(*_: object) -> None:
+        raise AnswerError(f"your answer ran longer than {seconds:g} s (a loop?)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def check_on_ranks(
@@ -134,20 +162,40 @@ def check_on_ranks(
     hint: str,
     timeout: float = COLLECTIVE_TIMEOUT,
     limit: float = RUN_LIMIT,
+    form: Callable[[Any], Problem] | None = None,
 ) -> bool:
     """Run `probe(answer)` on `world_size` gloo ranks; PASS when no rank objects.
 
     `probe` must be importable (a module-level function of a chapter module) and
     call the answer through `call`. The run ends within `limit` seconds and each
     collective within `timeout`: a rank that waits for a message never sent is
-    reported as such, and no rank outlives the check.
+    reported as such, and no rank outlives the check. `form(answer)` says what is
+    wrong with the answer's type before any rank starts (default: `a_function`).
     """
     if answer is None:
         return not_answered(name, hint)
-    if not callable(answer):
-        kind = type(answer).__name__
-        return say(name, f"expected a function, got {kind} {answer!r:.60}", hint)
-    return say(name, _run(probe, answer, world_size, timeout, limit), hint)
+    problem = (form or a_function)(answer)
+    if problem is None:
+        problem = _run(probe, answer, world_size, timeout, limit)
+    return say(name, problem, hint)
+
+
+def a_function(answer: Any) -> Problem:
+    """The form most answers on ranks take: anything callable."""
+    if callable(answer):
+        return None
+    return f"expected a function, got {type(answer).__name__} {answer!r:.60}"
+
+
+def functions(count: int) -> Callable[[Any], Problem]:
+    """The form of an answer that is a tuple of `count` functions, e.g. (f, g)."""
+
+    def form(answer: Any) -> Problem:
+        if not isinstance(answer, tuple | list) or len(answer) != count:
+            return f"expected a tuple of {count} functions, got {answer!r:.60}"
+        return next(filter(None, map(a_function, answer)), None)
+
+    return form
 
 
 def _run(
@@ -192,3 +240,30 @@ def compare(got: Any, want: torch.Tensor, what: str, atol: float = 1e-5) -> Prob
     if not gap <= atol:  # also catches NaN
         return f"{what} is off by up to {gap:.3g} (tolerance {atol:g})"
     return None
+
+
+def plain(value: Any) -> Any:
+    """A table entry as compared: strings without spaces, upper case ('s(0)' is
+    'S(0)'); sequences element by element; anything else as it is."""
+    if isinstance(value, str):
+        return value.replace(" ", "").upper()
+    if isinstance(value, tuple | list):
+        return tuple(plain(v) for v in value)
+    return value
+
+
+def check_table(name: str, answer: Any, expected: dict, *, hint: str) -> bool:
+    """A dict answer: every key of `expected`, each value equal after `plain`."""
+
+    def judge(got: Any) -> Problem:
+        if not isinstance(got, dict):
+            kind = type(got).__name__
+            return f"expected a dict with keys {list(expected)}, got {kind}"
+        for key, want in expected.items():
+            if key not in got:
+                return f"no entry for {key!r}"
+            if plain(got[key]) != plain(want):
+                return f"the entry for {key!r}, {got[key]!r}, is not right"
+        return None
+
+    return check_answer(name, answer, judge, hint=hint)
