@@ -63,7 +63,7 @@ def merge_judge(answer: object) -> Problem:
 def check_merge(answer: object) -> bool:
     """`answer(out_a, lse_a, out_b, lse_b) -> (out, lse)`, checked in this process."""
     return check_answer(
-        "ch12b.merge",
+        "ch12_context.merge",
         answer,
         merge_judge,
         hint="lse = logaddexp(lse_a, lse_b); each half's output counts with the "
@@ -92,7 +92,7 @@ def positions_judge(answer: object) -> Problem:
 def check_positions(answer: object) -> bool:
     """`answer(seq, cp, rank)`: the zig-zag positions, checked in this process."""
     return check_answer(
-        "ch12b.positions",
+        "ch12_context.positions",
         answer,
         positions_judge,
         hint="2·cp chunks of c = seq / (2·cp) tokens; rank r holds chunks r and "
@@ -115,7 +115,7 @@ def ring_pass_probe(answer: object) -> Problem:
 def check_ring_pass(answer: object) -> bool:
     """`answer(x)`: x to rank + 1, the tensor of rank − 1 back; 4 gloo ranks."""
     return check_on_ranks(
-        "ch12b.ring_pass",
+        "ch12_context.ring_pass",
         answer,
         ring_pass_probe,
         4,
@@ -128,7 +128,7 @@ def check_ring_bytes(answer: object) -> bool:
     """Data bytes per rank, forward + backward, cp = 8, K chunk 1 MiB: a number."""
     cp, x = 8, MIB
     return check_number(
-        "ch12b.ring_bytes",
+        "ch12_context.ring_bytes",
         answer,
         (cp - 1) * 2 * x + (cp - 1) * 4 * x + 2 * x,
         hint="forward: cp − 1 passes of K and V; backward: cp − 1 passes of K, V, "
@@ -141,7 +141,7 @@ def check_contiguous_imbalance(answer: object) -> bool:
     cp = 8
     blocks = [4 * r + 3 for r in range(cp)]
     return check_number(
-        "ch12b.contiguous_imbalance",
+        "ch12_context.contiguous_imbalance",
         answer,
         max(blocks) * cp / sum(blocks),
         hint="2·cp chunks; rank r holds 2r and 2r + 1; query chunk i computes i + 1 "
