@@ -26,25 +26,24 @@ def _owners(cp: int, layout: str) -> list[int]:
 
 def _ring(ax: plt.Axes, cp: int) -> None:
     """Ranks on a circle; K/V chunks move one rank to the right per step."""
-    points = [
-        (
-            math.cos(math.pi / 2 - 2 * math.pi * r / cp),
-            math.sin(math.pi / 2 - 2 * math.pi * r / cp),
-        )
-        for r in range(cp)
-    ]
-    for r, (x, y) in enumerate(points):
+
+    def at(angle: float) -> tuple[float, float]:
+        return math.cos(angle), math.sin(angle)
+
+    angles = [math.pi / 2 - 2 * math.pi * r / cp for r in range(cp)]  # clockwise
+    gap = 0.3  # radians the arrows keep clear of each circle
+    for r, angle in enumerate(angles):
+        x, y = at(angle)
         ax.add_patch(plt.Circle((x, y), 0.28, color=COLORS[r], alpha=0.85))
         i, j = chunk_ids(cp, r)
         ax.text(x, y + 0.05, f"rank {r}", ha="center", va="center", fontsize=9)
         ax.text(x, y - 0.1, f"Q {i}, {j}", ha="center", va="center", fontsize=8)
-        nx, ny = points[(r + 1) % cp]
         arrow = FancyArrowPatch(
-            (x * 0.8, y * 0.8),
-            (nx * 0.8, ny * 0.8),
+            at(angle - gap),
+            at(angles[(r + 1) % cp] + gap - (2 * math.pi if r == cp - 1 else 0)),
             arrowstyle="-|>",
             mutation_scale=14,
-            connectionstyle="arc3,rad=-0.25",
+            connectionstyle="arc3,rad=-0.3",
             color="0.3",
         )
         ax.add_patch(arrow)
