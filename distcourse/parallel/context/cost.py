@@ -13,7 +13,9 @@ this rank's K (= of its V), B·H·(T/cp)·D values:
 **Memory kept for backward** (what the saved-tensor hooks see): q, k, v, out and one
 log-sum-exp per head and token, this rank's T/cp tokens only:
 (4·B·H·(T/cp)·D + B·H·T/cp) values, exactly 1/cp of what PyTorch's fused attention
-keeps on one process for the whole sequence (on CPU: q, k, v, out, lse).
+keeps on one process for the whole sequence (on CPU: q, k, v, out, lse). Not
+kept, but alive during a step: the K/V message in use and the one arriving (4X
+bytes in the forward; in the backward, with dK and dV, 8X).
 
 **Work**: blocks of c x c scores, c = T/(2·cp). The whole causal matrix has
 2cp(2cp + 1)/2 blocks that are not entirely masked. Rank r computes, for its query
