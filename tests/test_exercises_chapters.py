@@ -47,6 +47,11 @@ def _sum_both_ways(x: torch.Tensor) -> torch.Tensor:
     return _summed(x.clone())  # no autograd: the gradient does not flow back
 
 
+def _averaged_halves(out_a, lse_a, out_b, lse_b) -> tuple:  # noqa: ANN001
+    """Chapter 12b's merge without rescaling: the two halves' outputs averaged."""
+    return (out_a + out_b) / 2, torch.logaddexp(lse_a, lse_b)
+
+
 def _first_to_last(sizes: list[int], cap: int) -> list[list[int]]:
     out, current, held = [], [], 0
     for i, size in enumerate(sizes):  # the model's order, not backward's
@@ -119,6 +124,13 @@ WRONG = {  # a mistake per exercise
         "recompute_memory": 24 * 4 * 2048 * 4 * 2048,  # fp32 inputs
         "zero_stage_that_fits": 2,
         "step_time": 2 * 1e9 * 2**20 / (8 * 312e12 * 0.4),
+    },
+    "ch12_context": {
+        "merge": _averaged_halves,
+        "positions": lambda seq, cp, rank: torch.arange(seq // cp),  # from 0
+        "ring_pass": _identity,  # nothing sent: its own tensor back
+        "ring_bytes": 7 * 2 * 2**20,  # the forward's passes only
+        "contiguous_imbalance": 1.0,  # as if every rank computed alike
     },
 }
 

@@ -3,10 +3,12 @@ live), `timing` (costs, timelines, Gantt charts), `duality` (what a conversion
 sends forward and backward), `mesh` (ranks on a device mesh, their groups per axis,
 bytes per axis, costs per layout), `sharding` (who holds which model state under
 ZeRO's stages; memory held against bytes sent), `experts` (tokens dispatched
-between ranks; the load per expert against its capacity). Every function returns a
-matplotlib Figure and never calls plt.show().
+between ranks; the load per expert against its capacity), `context` (ring
+attention: the ring, the sequence split, the causal blocks per rank). Every
+function returns a matplotlib Figure and never calls plt.show().
 """
 
+from distcourse.viz.context import ring_blocks
 from distcourse.viz.duality import conversion_bytes
 from distcourse.viz.experts import dispatch_matrix, expert_load
 from distcourse.viz.mesh import axis_bytes, layout_costs, mesh_groups
@@ -31,6 +33,7 @@ __all__ = [
     "memory_for_communication",
     "mesh_groups",
     "rank_tensors",
+    "ring_blocks",
     "sbp_pieces",
     "timeline",
     "tp_layout",

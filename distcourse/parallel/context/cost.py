@@ -1,0 +1,95 @@
+"""What ring attention costs one rank: wire bytes, memory kept for backward, work.
+
+**Bytes** (the book's convention: what this rank puts on the wire). Every pass of
+the ring is one `p2p.send_recv` to the right: the data, plus a 80-byte header this
+rank sends as sender and an 80-byte ack it sends as receiver. With X the bytes of
+this rank's K (= of its V), B·H·(T/cp)·D values:
+
+    forward    cp − 1 passes of K and V                 (cp − 1)(2X + 160)
+    backward   cp − 1 passes of K, V, dK, dV            (cp − 1)(4X + 160)
+               and one pass of dK, dV to their owner    + 2X + 160
+    check      one all_gather of 112 bytes (agree)      112 (cp − 1)
+
+**Memory kept for backward** (what the saved-tensor hooks see): q, k, v, out and one
+log-sum-exp per head and token, this rank's T/cp tokens only:
+(4·B·H·(T/cp)·D + B·H·T/cp) values, exactly 1/cp of what PyTorch's fused attention
+keeps on one process for the whole sequence (on CPU: q, k, v, out, lse). Not
+kept, but alive during a step: the K/V message in use and the one arriving (4X
+bytes in the forward; in the backward, with dK and dV, 8X).
+
+**Work**: blocks of c x c scores, c = T/(2·cp). The whole causal matrix has
+2cp(2cp + 1)/2 blocks that are not entirely masked. Rank r computes, for its query
+chunks i, the i + 1 blocks of keys at or before them: chunks 2r and 2r + 1
+("contiguous") give 4r + 3 blocks, from 3 on rank 0 to 4cp − 1 on the last; chunks
+r and 2cp − 1 − r ("zigzag") give 2cp + 1 on every rank. Without a causal mask each
+rank computes 4cp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from distcourse.comm.p2p import HEADER_LEN
+from distcourse.parallel.context.split import chunk_ids
+
+HANDSHAKE = 2 * HEADER_LEN * 8  # bytes this rank sends per pass: header and ack
+AGREE = 112  # the agreement row: 14 int64
+
+
+def ring_bytes(
+    kv_bytes: int, cp: int, *, backward: bool = True, check: bool = True
+) -> int:
+    """Wire bytes one rank sends for one ring attention call (module docstring);
+    `kv_bytes` is this rank's K alone (B·H·(T/cp)·D times the value's bytes)."""
+    if cp == 1:
+        return 0
+    total = (cp - 1) * (2 * kv_bytes + HANDSHAKE)
+    if backward:
+        total += (cp - 1) * (4 * kv_bytes + HANDSHAKE) + 2 * kv_bytes + HANDSHAKE
+    return total + (AGREE * (cp - 1) if check else 0)
+
+
+def saved_bytes_formula(
+    batch: int, heads: int, seq: int, head_dim: int, cp: int, value_bytes: int = 4
+) -> int:
+    """Bytes one rank keeps for backward: q, k, v, out and lse of T/cp tokens."""
+    tokens = batch * heads * (seq // cp)
+    return (4 * tokens * head_dim + tokens) * value_bytes
+
+
+def saved_bytes(fn: Callable[..., Tensor], *args: Tensor) -> int:
+    """Bytes autograd keeps for backward while `fn(*args)` runs (forward only).
+
+    Each storage the ops save is counted once, whole; the graph is dropped after.
+    Pass inputs as tensors of their own: a view holds its whole storage.
+    """
+    seen: set[int] = set()
+    total = [0]
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in seen and storage.nbytes():
+            seen.add(storage.data_ptr())
+            total[0] += storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args)
+    return total[0]
+
+
+def work_blocks(cp: int, rank: int, layout: str = "zigzag", causal: bool = True) -> int:
+    """Blocks of c x c scores rank `rank` computes in its forward (module docstring)."""
+    if not causal:
+        return 4 * cp
+    return sum(i + 1 for i in chunk_ids(cp, rank, layout))
+
+
+def imbalance(cp: int, layout: str = "zigzag", causal: bool = True) -> float:
+    """The busiest rank's blocks over the mean: 1.0 is balanced. The ring runs at
+    the pace of the busiest rank, so this is the time lost to waiting."""
+    blocks = [work_blocks(cp, r, layout, causal) for r in range(cp)]
+    return max(blocks) * cp / sum(blocks)

@@ -1,0 +1,116 @@
+"""Ring attention on real gloo ranks (2 and 4): equal to one process's attention
+(output and the gradients of q, k, v within 1e-5, fp32), causal or not, zig-zag or
+contiguous; the ledger's wire bytes, the bytes kept for backward and the blocks
+computed equal to their formulas; torch's context_parallel cuts the sequence as our
+zig-zag does (its attention needs CUDA kernels); bad input refused before any
+collective."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distcourse.comm.ledger import Ledger
+from distcourse.launch import spawn
+from distcourse.parallel import context as cpx
+from distcourse.parallel.context import check, torch_side
+
+SHAPE = (2, 2, 16, 4)  # B, H, T, D
+
+
+def _refusals() -> dict[str, str]:
+    """How each bad call ended, and whether anything was sent before it did."""
+    q = torch.randn(1, 4, 4, 2)
+    cases = {
+        "heads": lambda: cpx.ring_attention(q, torch.randn(1, 2, 4, 2), q),
+        "odd": lambda: cpx.ring_attention(*[torch.randn(1, 2, 3, 2)] * 3),
+        "layout": lambda: cpx.ring_attention(q, q, q, layout="spiral"),
+        "3-d": lambda: cpx.ring_attention(q[0], q[0], q[0]),
+    }
+    got = {}
+    with Ledger() as ledger:
+        for name, case in cases.items():
+            try:
+                case()
+                got[name] = "no error"
+            except ValueError as err:
+                got[name] = str(err)
+    got["sent"] = str(len(ledger.records))
+    mine = torch.randn(1, 2, 4 + 2 * dist.get_rank(), 2)  # ranks disagree on L
+    try:
+        cpx.ring_attention(mine, mine, mine)
+    except ValueError as err:
+        got["disagree"] = str(err)
+    return got
+
+
+def _run() -> dict[str, object]:
+    torch.set_num_threads(1)
+    out: dict[str, object] = {}
+    for causal in (True, False):
+        for layout in cpx.LAYOUTS:
+            out[causal, layout] = check.against_full_attention(
+                SHAPE, causal=causal, layout=layout
+            )
+            out["cost", causal, layout] = check.wire_and_memory(
+                SHAPE, causal=causal, layout=layout
+            )
+    x = torch.arange(16.0).view(1, 1, 16, 1)
+    rank, cp = dist.get_rank(), dist.get_world_size()
+    out["torch shard"] = torch.equal(torch_side.shard(x, 2), cpx.shard(x, 2, cp, rank))
+    out["torch attention"] = torch_side.attention(*check.inputs(SHAPE)[:3])
+    out["refused"] = _refusals()
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def runs(request: pytest.FixtureRequest) -> list[dict[str, object]]:
+    return spawn(_run, request.param, timeout=60)
+
+
+@pytest.mark.parametrize("layout", cpx.LAYOUTS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_equal_to_one_process_output_and_gradients(
+    runs: list, causal: bool, layout: str
+) -> None:
+    for out in runs:
+        diffs = out[causal, layout]
+        assert set(diffs) == {"out", "dq", "dk", "dv"}
+        assert max(diffs.values()) <= 1e-5, diffs
+
+
+@pytest.mark.parametrize("layout", cpx.LAYOUTS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_bytes_memory_and_blocks_equal_their_formulas(
+    runs: list, causal: bool, layout: str
+) -> None:
+    blocks = []
+    for out in runs:
+        cost = out["cost", causal, layout]
+        for what, (measured, formula) in cost.items():
+            assert measured == formula, (what, measured, formula)
+        blocks.append(cost["blocks"][0])
+    cp = len(runs)
+    if causal and layout == "contiguous":  # the last rank does the most
+        assert blocks == [4 * r + 3 for r in range(cp)]
+    else:
+        assert len(set(blocks)) == 1
+
+
+def test_torch_cuts_as_zigzag_and_its_attention_needs_cuda(runs: list) -> None:
+    for out in runs:
+        assert out["torch shard"] is True
+        assert str(out["torch attention"]).startswith("NotImplementedError")
+        assert "flash_attention_for_cpu" in str(out["torch attention"])
+
+
+def test_bad_input_is_refused_before_any_collective(runs: list) -> None:
+    for out in runs:
+        got = out["refused"]
+        assert "q has 4 heads but k has 2" in got["heads"]
+        assert "does not split into 2 x cp" in got["odd"]
+        assert "layout='spiral'" in got["layout"]
+        assert "must be (B, H, L, D)" in got["3-d"]
+        assert got["sent"] == "0"
+        assert "ranks disagree on shape" in got["disagree"]
