@@ -20,11 +20,11 @@ matmul_sbp = {
 def gather_pieces(piece: torch.Tensor) -> torch.Tensor:
     """Pad to the longest piece, all_gather, cut the padding off, concatenate."""
     world = dist.get_world_size()
-    rows = torch.tensor([piece.shape[0]])
+    rows = torch.tensor([piece.shape[0]], device=piece.device)
     sizes = [torch.zeros_like(rows) for _ in range(world)]
     dist.all_gather(sizes, rows)
     longest = max(int(s) for s in sizes)
-    padded = torch.zeros(longest, *piece.shape[1:], dtype=piece.dtype)
+    padded = piece.new_zeros(longest, *piece.shape[1:])
     padded[: piece.shape[0]] = piece
     parts = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(parts, padded)
