@@ -1,9 +1,10 @@
 """Every chapter's exercises: each solution passes its check, a wrong answer fails.
 
-For each exercise of `distcourse.exercises.ch01` ... `ch10`, the solution in
-`distcourse.exercises.solutions` must print PASS and return True, and the wrong
-answer below (a mistake a reader makes) must print FAIL with its hint and return
-False. Answers that are code run on real gloo ranks (4 of them), numbers in-process.
+For each exercise of `distcourse.exercises.ch01` ... `ch10`, `ch12_experts` and
+`ch12_context`, the solution in `distcourse.exercises.solutions` must print PASS and
+return True, and the wrong answer below (a mistake a reader makes) must print FAIL
+with its hint and return False. Answers that are code run on real gloo ranks (4 of
+them), numbers in-process.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def _sum_both_ways(x: torch.Tensor) -> torch.Tensor:
 def _averaged_halves(out_a, lse_a, out_b, lse_b) -> tuple:  # noqa: ANN001
     """Chapter 12b's merge without rescaling: the two halves' outputs averaged."""
     return (out_a + out_b) / 2, torch.logaddexp(lse_a, lse_b)
+
+
+def _never_drops(logits: torch.Tensor, room: int) -> tuple:
+    """Chapter 12's top-1 routing with the capacity ignored: no token dropped."""
+    expert = logits.argmax(dim=-1)
+    return expert, torch.ones_like(expert, dtype=torch.bool)
 
 
 def _first_to_last(sizes: list[int], cap: int) -> list[list[int]]:
@@ -124,6 +131,12 @@ WRONG = {  # a mistake per exercise
         "recompute_memory": 24 * 4 * 2048 * 4 * 2048,  # fp32 inputs
         "zero_stage_that_fits": 2,
         "step_time": 2 * 1e9 * 2**20 / (8 * 312e12 * 0.4),
+    },
+    "ch12_experts": {
+        "capacity": 128,  # the capacity factor forgotten
+        "route_top1": _never_drops,
+        "exchange_counts": lambda per_expert: per_expert.view(4, 2),  # never sent
+        "dispatch_bytes": 3 * 100 * 1024 * 4 // 4,  # the ring's even share
     },
     "ch12_context": {
         "merge": _averaged_halves,

@@ -34,7 +34,7 @@ EXERCISES = ("capacity", "route_top1", "exchange_counts", "dispatch_bytes")
 def check_capacity(answer: object) -> bool:
     """Capacity for 4096 tokens per group, 64 experts, top-2, factor 1.25: a number."""
     return check_number(
-        "ch12.capacity",
+        "ch12_experts.capacity",
         answer,
         capacity(4096, 64, 2, 1.25),
         hint="each token makes k assignments; an even share is k T / E per expert, "
@@ -65,7 +65,7 @@ def route_top1_judge(answer: object) -> Problem:
 def check_route_top1(answer: object) -> bool:
     """`answer(logits, capacity) -> (expert, kept)`: 12 tokens, 3 experts, room 3."""
     return check_answer(
-        "ch12.route_top1",
+        "ch12_experts.route_top1",
         answer,
         route_top1_judge,
         hint="expert = logits.argmax(-1); a token's place in its expert's queue is "
@@ -86,7 +86,7 @@ def exchange_counts_probe(answer: object) -> Problem:
 def check_exchange_counts(answer: object) -> bool:
     """`answer(per_expert) -> (4, 2)` counts, on 4 gloo ranks."""
     return check_on_ranks(
-        "ch12.exchange_counts",
+        "ch12_experts.exchange_counts",
         answer,
         exchange_counts_probe,
         4,
@@ -99,7 +99,7 @@ def check_exchange_counts(answer: object) -> bool:
 def check_dispatch_bytes(answer: object) -> bool:
     """Bytes rank 1 of 4 sends away for rows 10, 30, 20, 40 of 1024 float32."""
     return check_number(
-        "ch12.dispatch_bytes",
+        "ch12_experts.dispatch_bytes",
         answer,
         (10 + 20 + 40) * 1024 * 4,
         hint="the 30 rows rank 1 sends to itself never leave it; the ring's "
