@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from distcourse import comm
 from distcourse.comm import costmodel, ring
-from distcourse.comm.ledger import Ledger, Record, ring_wire_bytes
+from distcourse.comm.ledger import Ledger, Record, all_to_all_wire, ring_wire_bytes
 from distcourse.launch import spawn
 
 
@@ -200,3 +200,45 @@ def test_reduce_scatter_and_all_gather_cost_the_same_and_all_reduce_both() -> No
     gather = ring_wire_bytes("all_gather", t // n, n)
     assert scatter == gather == 3 * t // 4
     assert ring_wire_bytes("all_reduce", t, n) == scatter + gather
+
+
+ROW = 3  # float32 values per row of the uneven all_to_all_single: 12 bytes
+
+
+def _all_to_alls() -> dict[str, list[int]]:
+    """Uneven and even all_to_alls on this rank under a Ledger: wire bytes per call.
+
+    Rank r sends rank j r + j + 1 rows of ROW float32, so what it receives from
+    rank j has the same length. gloo's list all_to_all wants pieces of one size
+    ("invalid tensor size"): the list runs even here, uneven in-process below."""
+    import torch.distributed._functional_collectives as funcol
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    splits = [r + j + 1 for j in range(n)]  # symmetric: sent to j == received from j
+    rows = torch.ones(sum(splits), ROW)
+    with Ledger() as ledger:
+        dist.all_to_all_single(torch.empty_like(rows), rows, splits, splits)
+        dist.all_to_all([torch.empty(5)] * n, [torch.ones(5) for _ in range(n)])
+        dist.all_to_all_single(torch.empty(8 * n), torch.ones(8 * n))  # even pieces
+        funcol.all_to_all_single(rows, splits, splits, dist.group.WORLD).wait()
+    return {"wire": [rec.wire for rec in ledger.records], "splits": splits}
+
+
+def test_an_all_to_all_is_counted_exactly_from_its_pieces() -> None:
+    """Uneven pieces: the bytes addressed to the other ranks, not (n-1)T/n; even
+    pieces: (n-1)T/n, the ring's share, which is the same thing."""
+    n = 4
+    for r, got in enumerate(spawn(_all_to_alls, n, timeout=60)):
+        away = sum(got["splits"]) - got["splits"][r]  # its own piece stays
+        single, listed, even = 4 * ROW * away, 3 * 5 * 4, 3 * 8 * 4
+        assert got["wire"] == [single, listed, even, single], r
+        ring = ring_wire_bytes("all_to_all", 4 * ROW * sum(got["splits"]), n)
+        assert single != ring  # the ring's share would miscount this rank
+
+
+def test_an_uneven_all_to_all_list_counts_the_other_entries() -> None:
+    """A list all_to_all (NCCL takes uneven entries): every entry but its own."""
+    pieces = [torch.ones(k) for k in (1, 2, 3, 4)]  # 4, 8, 12, 16 bytes
+    sent = [all_to_all_wire(pieces, None, 4, me) for me in range(4)]
+    assert sent == [40 - 4, 40 - 8, 40 - 12, 40 - 16]  # 40 handed in, less its own
+    assert all_to_all_wire(pieces, None, 1, 0) == 0  # a group of one sends nothing

@@ -9,8 +9,11 @@ records them too, as `functional.<name>`.
 Calls made from C++ (torch DDP's bucket all-reduces) reach neither and stay unseen.
 
 Bytes follow the book's one convention: what crosses the wire per rank for the
-algorithm that runs. Sends are counted as they are; a library collective, whose
-algorithm the ledger cannot see, as the ring runs it (`ring_wire_bytes`).
+algorithm that runs. Sends are counted as they are; an all_to_all too, piece by
+piece: each rank sends each peer its piece directly, so the wire carries the pieces
+addressed to the other ranks (`all_to_all_wire`), which is (n-1)T/n only when the
+pieces are even. Other library collectives, whose algorithm the ledger cannot see,
+as the ring runs them (`ring_wire_bytes`).
 """
 
 from __future__ import annotations
@@ -73,8 +76,9 @@ class Record:
 
     `bytes` is what the call names: a point-to-point message, or what this rank hands
     to a collective. `wire` is what this rank puts on the wire for it: the message
-    itself for a send, none for a receive, and for a collective the share of this
-    rank under the ring algorithm (`ring_wire_bytes`).
+    itself for a send, none for a receive, for an all_to_all the pieces it sends to
+    the other ranks (`all_to_all_wire`), and for another collective the share of
+    this rank under the ring algorithm (`ring_wire_bytes`).
     """
 
     op: str  # the torch.distributed function, e.g. "isend" or "all_reduce"
@@ -114,7 +118,9 @@ def ring_wire_bytes(op: str, handed_in: int, group_size: int, position: int = 0)
     algorithm that runs. The ledger cannot see inside gloo or NCCL, so it counts
     their collectives as the bandwidth-optimal ring runs them, for a tensor of T
     bytes on n ranks: all_reduce 2(n-1)T/n; all_gather, reduce_scatter and
-    all_to_all (n-1)T/n each (an all_gather's rank hands in T/n). Broadcast and
+    all_to_all (n-1)T/n each (an all_gather's rank hands in T/n). That share of
+    an all_to_all is its even case only: the ledger counts an all_to_all exactly,
+    from its pieces (`all_to_all_wire`). Broadcast and
     reduce run as a chain from (to) the root, `position` steps along it: every
     rank but the last (the root) sends T once. Gather sends a rank's piece to the
     root. A share that is not a whole number of bytes is rounded down.
@@ -130,6 +136,27 @@ def ring_wire_bytes(op: str, handed_in: int, group_size: int, position: int = 0)
     if family in ("reduce", "gather"):
         return handed_in if position != 0 else 0
     return 0  # barrier, and anything unknown: no payload
+
+
+def all_to_all_wire(
+    data: Any, splits: list[int] | None, group_size: int, me: int
+) -> int:
+    """Bytes rank `me` of a group puts on the wire in an all_to_all: the pieces it
+    addresses to the other ranks (its own stays). `data` is what it hands in: a
+    list of n tensors (`all_to_all`: every entry but entry `me`), or one tensor
+    split along dim 0 by `splits` (`all_to_all_single`'s input_split_sizes: the
+    rows not addressed to `me`, times a row's bytes); no `splits` means n even
+    pieces, (n-1)T/n, the ring's share."""
+    if group_size <= 1 or not 0 <= me < group_size:
+        return 0
+    if not isinstance(data, torch.Tensor):  # a list: one piece per rank
+        return sum(_nbytes(t) for i, t in enumerate(data) if i != me)
+    total = _nbytes(data)
+    if not splits:
+        return ring_wire_bytes("all_to_all", total, group_size)
+    rows = data.shape[0] if data.dim() else 1
+    row = total // rows if rows else 0
+    return (sum(splits) - splits[me]) * row
 
 
 def _nbytes(data: Any) -> int:
@@ -207,6 +234,9 @@ class _FunctionalSpy(TorchDispatchMode):
             ranks = () if group is None else _ranks(group)
             op, handed = f"functional.{name}", _nbytes(args[0])
             wire = ring_wire_bytes(op, handed, size, _position(ranks, args, name))
+            if name == "all_to_all_single" and dist.get_rank() in ranks:
+                me = ranks.index(dist.get_rank())
+                wire = all_to_all_wire(args[0], list(args[2]), size, me)
             record = Record(op, "collective", handed, None, size, ranks, wire)
             self.records.append(record)
         return func(*args, **(kwargs or {}))
@@ -317,6 +347,9 @@ class Ledger:
                 wire = _nbytes(args.get(data)) if op == "broadcast" else 0
                 wire = wire if where < size - 1 else 0
                 handed = 0
+            elif op.startswith("all_to_all") and dist.get_rank() in ranks:
+                me, splits = ranks.index(dist.get_rank()), args.get("input_split_sizes")
+                wire = all_to_all_wire(args.get(data), splits, size, me)
             else:
                 wire = ring_wire_bytes(op, handed, size, where)
             record = Record(op, "collective", handed, None, size, ranks, wire)
@@ -334,8 +367,9 @@ class Ledger:
     def bytes_sent(self, op: str | None = None) -> int:
         """Bytes this rank put on the wire, in calls to `op` (all calls if None).
 
-        The book's one convention: a point-to-point send counts its tensor; a
-        collective counts this rank's share under the ring algorithm
+        The book's one convention: a point-to-point send counts its tensor; an
+        all_to_all the pieces it sends to the other ranks (`all_to_all_wire`);
+        another collective this rank's share under the ring algorithm
         (`ring_wire_bytes`: an all_reduce of T bytes on n ranks, 2(n-1)T/n).
         Collectives built here from sends (chapter 2's ring) are counted exactly,
         send by send. `handed_in` gives what the calls were handed instead.
