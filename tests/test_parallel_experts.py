@@ -1,8 +1,8 @@
 """Expert parallelism on real gloo ranks: one MoE layer split over 2 and 4 ranks
 gives one process's outputs, loss, gradients (the input's included) and dropped
 assignments, with top-1 and top-2, even, uneven and overflowing routing; the
-ledger's bytes equal the formula call by call, and the exact bytes add up across
-ranks; a MoE TinyGPT trained dp x ep on a 2 x 2 mesh equals one process; bad
+ledger's bytes equal the formula (the rows sent to other ranks), which adds up
+across ranks; a MoE TinyGPT trained dp x ep on a 2 x 2 mesh equals one process; bad
 input is refused on every rank before any group or message.
 tests/controls/test_12_experts.py plants faults under the same checks."""
 
@@ -60,7 +60,7 @@ def test_routing_is_uneven_and_drops(runs: list[dict[str, dict]]) -> None:
     assert r["top1 skewed"]["dropped"] > 0 and r["top2 skewed, capacity 1"]["dropped"]
 
 
-def test_bytes_ledger_and_exact(runs: list[dict[str, dict]]) -> None:
+def test_ledger_bytes_are_the_rows_sent_away(runs: list[dict[str, dict]]) -> None:
     n = len(runs)
     for name in CASES:
         got = [found[name] for found in runs]
@@ -72,7 +72,7 @@ def test_bytes_ledger_and_exact(runs: list[dict[str, dict]]) -> None:
         counts = 8 * 4 * (n - 1) // n  # 4 experts' int64 counts, even
         row = 16 * 4
         for i, r in enumerate(got):
-            assert r["exact"] == counts + 2 * (away[i] + come[i]) * row
+            assert r["formula"] == counts + 2 * (away[i] + come[i]) * row
 
 
 def test_dp_by_ep_equals_one_process(runs: list[dict[str, dict]]) -> None:
@@ -125,13 +125,12 @@ def test_router_order_capacity_and_aux() -> None:
     torch.testing.assert_close(even.aux, torch.tensor(1.0))
 
 
-def test_balanced_bytes_is_the_exact_formula_for_even_counts() -> None:
+def test_balanced_bytes_is_step_bytes_for_even_counts() -> None:
     """An even router that drops nothing: the planner's estimate is exact."""
     tokens, n, c, e, k = 8, 4, 16, 4, 2
     per_peer = k * tokens // n
     t = experts.Traffic((per_peer,) * n, (per_peer,) * n, 1, c * 4, e)
-    assert cost.balanced_bytes(tokens, c, e, k, n) == cost.exact_bytes(t)
-    assert cost.ledger_bytes(t) == cost.exact_bytes(t)
+    assert cost.balanced_bytes(tokens, c, e, k, n) == cost.step_bytes(t)
     assert cost.balanced_bytes(tokens, c, e, k, 1) == 0
     mem = cost.memory_per_rank(tokens, c, e, k, 1.25, ep=2)
     assert mem["experts"] == 2 * (2 * c * 4 * c + 4 * c + c) * 4

@@ -164,9 +164,11 @@ def transfer_bytes(
     all_reduce 2(n-1)T/n, all_to_all (n-1)/n of my piece T/n; a gather or all_to_all
     first all-gathers the pieces' sizes (8 bytes each). Uneven pieces: all_gather
     and our ring reduce_scatter move n - 1 blocks of the longest piece (the others
-    are padded to it); all_to_all (n-1)/n of my own piece. torch's collectives
-    (all_gather, all_reduce, all_to_all) are counted as the ring runs them
-    (comm.ledger.ring_wire_bytes); the reduce_scatter is ours, sent by p2p.
+    are padded to it); all_to_all my own piece less the part I keep (piece 0 of
+    it along the new split's dim), which is (n-1)/n of it when that dim divides
+    evenly. torch's all_gather and all_reduce are counted as the ring runs them
+    (comm.ledger.ring_wire_bytes), its all_to_all exactly from the pieces (as the
+    ledger counts it); the reduce_scatter is ours, sent by p2p.
     """
     total = torch.Size(shape).numel() * item
     kind = collective(src, dst)
@@ -182,7 +184,8 @@ def transfer_bytes(
     if kind == "reduce_scatter":
         return (n - 1) * longest  # our ring: n - 1 sends of one block
     mine = total // shape[src.dim] * piece(shape[src.dim], n, 0)[1]
-    return sizes + ring_wire_bytes("all_to_all", mine, n)
+    kept = mine // shape[dim] * piece(shape[dim], n, 0)[1] if shape[dim] else 0
+    return sizes + mine - kept  # the pieces it sends the others; its own stays
 
 
 def cost_line(

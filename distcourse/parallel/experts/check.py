@@ -107,8 +107,7 @@ def layer_against_one_process(
         "room": n * capacity(tokens, n_experts, top_k, capacity_factor),
         "aux": alone.aux.item(),
         "bytes": ledger.bytes_sent(),
-        "formula": cost.ledger_bytes(t),
-        "exact": cost.exact_bytes(t),
+        "formula": cost.step_bytes(t),
         "sent": list(t.sent),
         "received": list(t.received),
     }

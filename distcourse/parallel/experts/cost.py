@@ -9,21 +9,21 @@ the backward repeats the last two with the counts swapped (the dispatch's only
 when the layer's input needs a gradient, as it does inside a model). Handed in
 per step: 8E + 2(S + R) row bytes.
 
-The book's convention counts a library all_to_all of T bytes as the ring runs it,
-(n-1)T/n on the wire, and so does the ledger (`ledger_bytes`). That is exact when
-a rank sends every peer the same amount. With uneven counts, what a rank actually
-puts on the wire is what it sends to the other ranks (`exact_bytes`):
+The book's convention: what crosses the wire per rank for the algorithm that runs.
+An all_to_all sends each peer its piece directly, so a rank puts on the wire the
+rows it addresses to the other ranks, as the ledger counts it (`step_bytes`):
 
     8E(n-1)/n + 2 (S - s_self + R - r_self) * row
 
 where s_self (r_self) are the rows it sends to (receives from) itself: they never
-leave the rank. Both equal 4(n-1)/n k T row + 8E(n-1)/n when the router is even
-and drops nothing (`balanced_bytes`, the planner's estimate).
+leave the rank. The ring's (n-1)T/n of an all_to_all is the even case of this
+count: a rank that sends every peer the same amount keeps 1/n of what it hands in.
+So an even router that drops nothing sends 4(n-1)/n k T row + 8E(n-1)/n
+(`balanced_bytes`, the planner's estimate).
 """
 
 from __future__ import annotations
 
-from distcourse.comm.ledger import ring_wire_bytes
 from distcourse.parallel.experts.dispatch import Traffic
 from distcourse.parallel.experts.router import capacity
 
@@ -34,19 +34,11 @@ def handed_in(t: Traffic) -> int:
     return 8 * t.counts + 2 * rows * t.row_bytes
 
 
-def ledger_bytes(t: Traffic) -> int:
-    """One layer's step under the ring convention, call by call, as the ledger
-    counts it (each call's share rounded down)."""
+def step_bytes(t: Traffic) -> int:
+    """One layer's step: the bytes this rank sends to the other ranks of its group
+    (the counts are even, E / n per peer), as the ledger counts its all_to_alls."""
     n = len(t.sent)
-    calls = [8 * t.counts] + 2 * [sum(t.sent) * t.row_bytes]
-    calls += 2 * [sum(t.received) * t.row_bytes]
-    return sum(ring_wire_bytes("all_to_all", c, n) for c in calls)
-
-
-def exact_bytes(t: Traffic) -> int:
-    """One layer's step: bytes this rank actually sends to other ranks."""
-    n = len(t.sent)
-    counts = 8 * t.counts * (n - 1) // n  # the counts are even: E / n per peer
+    counts = 8 * t.counts * (n - 1) // n
     away = sum(t.sent) - t.sent[t.rank] + sum(t.received) - t.received[t.rank]
     return counts + 2 * away * t.row_bytes
 
