@@ -13,7 +13,8 @@
   (step_ledger);
 - `memory`: a block's activation memory, measured with saved-tensor hooks
   (block_memory, saved_activation_bytes) and by formula (block_activation_bytes,
-  korthikanti_bytes).
+  korthikanti_bytes, and layer_activation_bytes: both as one formula, with
+  recompute).
 """
 
 from distcourse.parallel.tensor.blocks import (
@@ -33,6 +34,7 @@ from distcourse.parallel.tensor.memory import (
     block_activation_bytes,
     block_memory,
     korthikanti_bytes,
+    layer_activation_bytes,
     saved_activation_bytes,
 )
 from distcourse.parallel.tensor.model import (
@@ -62,6 +64,7 @@ __all__ = [
     "full_state_dict",
     "gradient_differences",
     "korthikanti_bytes",
+    "layer_activation_bytes",
     "load_checkpoint",
     "load_full_state_dict",
     "parallelize_block",
