@@ -1,0 +1,217 @@
+"""Bytes one rank holds during a step, by kind: parameters, gradients, optimizer state,
+activations kept for backward, and buffers (gathered or temporary).
+
+Notation: L blocks of width h, a heads, seq tokens s, vocabulary V; degrees d (dp),
+t (tp), p (pp), v (stages per rank, interleaved); m micro-batches of
+b = batch / (d m) sequences, n = b s tokens each; w, g, o the policy's bytes per
+weight, gradient and optimizer element (spec.DTypePolicy), c its bytes per step
+counter (AdamW 4), e its bytes per activation value (4 or 2). Every count is an
+integer; `//` is floor division, ceil(x / y) = -(-x // y).
+
+Model state. The pipeline has S = p v stages, stage k on rank k % p; rank r holds
+stages r, r + p, ... Stage k's parameters are `hybrid.cost.parameters_held` for
+S stages (each block: 4h + (4h^2 + 3h)/t + h + (8h^2 + 4h)/t + h; stage 0 adds
+V h / t + s h, the last stage 2h + V h / t), its parameter tensors
+16 per block, +2 on stage 0, +3 on the last. With P elements and T tensors on the
+rank, q = ceil(P / d) its ZeRO share and T_z = T for ZeRO 0 and 3, ceil(T / d) for
+1 and 2 (the tensors it steps):
+
+    parameters  w x (q if zero = 3 else P)
+    gradients   g x (q if zero >= 2 else P)
+    optimizer   o x (P if zero = 0 else q) + c x T_z
+
+(fp32 AdamW: 4 + 4 + 8 = 16 bytes per parameter, the ZeRO paper's DP 16P,
+ZeRO-1 4P + 4P + 8P/d, ZeRO-2 4P + 12P/d, ZeRO-3 16P/d; `parallel.zero.memory.
+formula`, which takes the package's exact, uneven shares.)
+
+Buffers. Data parallelism without ZeRO-2/3 keeps a flat bucket of the gradients in
+the reduce dtype (r bytes) unless the gradients are views into it (bucket_view):
+r x P; ZeRO-3 all-gathers one block at a time and reduce-scatters its gradient:
+2 x w x (one block's parameters on the rank); activation checkpointing recomputes
+one block's activations in backward (the `block` count below, unsplit by
+checkpointing) on top of what is held.
+
+Activations, per micro-batch, what autograd keeps for backward (saved-tensor
+hooks; `parallel.tensor.memory.block_activation_bytes` for a block):
+
+    block (no ckpt)  n (h + 2) e x 2 (norms; / t with sp) + n (h + 4h/t) e
+                     + b (a/t) s e (attention) + n (h + 8h/t) e (MLP)
+    block, selective the same less the attention's b (a/t) s e (its log-sum-exp:
+                     the attention core is recomputed)
+    block, full      n h e (/ t with sp): the block's input alone
+    stage 0          8 n + 8 s (token ids and positions, int64); with t > 1
+                     9 n + 8 s (ids shifted to the rank's rows, + a 1-byte mask)
+    last stage       n (h + 2) e (/ t with sp) + n h e (final norm, head input)
+                     + 4 n V / t (fp32 softmax) + 8 n + 4 (targets, loss);
+                     with t > 1: + n (the mask of targets not on the rank)
+    between stages   a stage that is not last keeps its output, n h e; the last
+                     its loss, 4
+
+Micro-batches in flight on rank r: GPipe m; 1F1B min(m, p - r); interleaved, a
+walk over the rank's actions (`in_flight_bytes`). Activations = in flight x one
+micro-batch's bytes for v = 1. A rank with no pipeline (p = 1) keeps no stage
+output. The fullest rank is reported (`memory`), every rank in `by_rank`.
+"""
+
+from __future__ import annotations
+
+from distcourse.parallel.hybrid.cost import parameters_held
+from distcourse.parallel.hybrid.layout import Layout
+from distcourse.parallel.tensor.memory import block_activation_bytes
+from distcourse.plan.spec import DTypePolicy, ModelSpec, PlanLayout
+
+KINDS = ("parameters", "gradients", "optimizer", "activations", "buffers")
+TENSORS_PER_BLOCK = 16  # ln1 (2), q k v proj (8), ln2 (2), fc and proj (4)
+
+
+def ceil_div(x: int, y: int) -> int:
+    return -(-x // y)
+
+
+def block_params(h: int, t: int) -> int:
+    """One block's parameters on a rank of tp = t, as hybrid.cost counts them."""
+    attention = 4 * h * h // t + 3 * h // t + h
+    mlp = (4 * h * h + 4 * h) // t + 4 * h * h // t + h
+    return 4 * h + attention + mlp
+
+
+def stage_params(model: ModelSpec, layout: PlanLayout, stage: int) -> int:
+    """Parameters of pipeline stage `stage` (of pp x virtual) on a rank of tp."""
+    stages = layout.pp * layout.virtual
+    return parameters_held(Layout(1, stages, layout.tp), model.config(), stage)
+
+
+def stage_tensors(model: ModelSpec, layout: PlanLayout, stage: int) -> int:
+    """Parameter tensors of a stage: 16 per block, +2 first (embeddings), +3 last."""
+    stages = layout.pp * layout.virtual
+    count = TENSORS_PER_BLOCK * model.layers // stages
+    return count + 2 * (stage == 0) + 3 * (stage == stages - 1)
+
+
+def rank_stages(layout: PlanLayout, rank: int) -> list[int]:
+    """Stages on pipeline rank `rank`: rank, rank + pp, ... (virtual of them)."""
+    return [rank + k * layout.pp for k in range(layout.virtual)]
+
+
+def model_state(
+    policy: DTypePolicy, zero: int, total: int, share: int, tensors: int
+) -> dict[str, int]:
+    """Parameters, gradients, optimizer bytes for `total` elements on the rank, of
+    which it owns `share` under ZeRO, stepping `tensors` tensors."""
+    return dict(
+        parameters=policy.weight_bytes * (share if zero == 3 else total),
+        gradients=policy.grad_bytes * (share if zero >= 2 else total),
+        optimizer=policy.optimizer_bytes * (total if zero == 0 else share)
+        + policy.step_bytes * tensors,
+    )
+
+
+def block_bytes(model: ModelSpec, b: int, layout: PlanLayout, e: int, ckpt: str) -> int:
+    """One block's activations for a micro-batch of b sequences."""
+    s, h, a, t = model.seq, model.hidden, model.heads, layout.tp
+    if ckpt == "full":
+        return b * s * h * e // (t if layout.sp else 1)
+    counts = block_activation_bytes(
+        b, s, h, a, t, sequence_parallel=layout.sp, value_bytes=e
+    )
+    lse = b * (a // t) * s * e
+    return sum(counts.values()) - (lse if ckpt == "selective" else 0)
+
+
+def stage_activation_bytes(
+    model: ModelSpec, b: int, layout: PlanLayout, policy: DTypePolicy, stage: int
+) -> int:
+    """What a stage keeps for backward for one micro-batch of b sequences."""
+    stages = layout.pp * layout.virtual
+    s, h, V, t = model.seq, model.hidden, model.vocab, layout.tp
+    e, n = policy.activation_bytes, b * model.seq
+    held = model.layers // stages * block_bytes(model, b, layout, e, layout.ckpt)
+    if stage == 0:
+        held += (9 if t > 1 else 8) * n + 8 * s
+    last = stage == stages - 1
+    if last:
+        norm_tokens = n // t if layout.sp else n
+        held += norm_tokens * (h + 2) * e + n * h * e
+        held += 4 * n * V // t + 8 * n + 4 + (n if t > 1 else 0)
+    if layout.pp > 1:  # the pipeline keeps each stage's output until its backward
+        held += 4 if last else n * h * e
+    return held
+
+
+def in_flight(layout: PlanLayout, rank: int) -> int:
+    """Micro-batches (GPipe, 1F1B) or stage units (interleaved) held at the peak."""
+    p, m, v = layout.pp, layout.micro_batches, layout.virtual
+    if p == 1 or layout.schedule == "gpipe":
+        return m
+    if layout.schedule == "1f1b":
+        return min(m, p - rank)
+    total = m * v
+    if m == p:
+        return total
+    g = m // max(1, m // p)
+    return min(2 * (p - rank - 1) + (v - 1) * g + 1, total)
+
+
+def in_flight_bytes(units: list[int], layout: PlanLayout, rank: int) -> int:
+    """Peak bytes held on `rank` under interleaved 1F1B, walking its actions.
+
+    `units[k]` is the bytes of the rank's k-th stage (chunk k) per micro-batch.
+    The rank runs its F units f = 0 .. m v - 1 on chunk (f // g) % v, its B units
+    on chunk v - 1 - (f // g) % v (g micro-batches per round, as
+    `parallel.pipeline.schedules.interleaved`): `warm` forwards, then F, B
+    alternating, then the rest of the Bs. The peak follows a forward."""
+    p, m, v = layout.pp, layout.micro_batches, layout.virtual
+    total, g = m * v, m // max(1, m // p)
+    warm = total if m == p else min(2 * (p - rank - 1) + (v - 1) * g, total)
+    now = peak = 0
+    for f in range(total):
+        now += units[(f // g) % v]
+        peak = max(peak, now)
+        if f >= warm:  # one backward after each steady-state forward
+            now -= units[v - 1 - ((f - warm) // g) % v]
+    return peak
+
+
+def rank_memory(
+    model: ModelSpec, batch: int, policy: DTypePolicy, layout: PlanLayout, rank: int
+) -> dict[str, int]:
+    """Bytes by kind on pipeline rank `rank` (any dp and tp coordinate)."""
+    mine = rank_stages(layout, rank)
+    total = sum(stage_params(model, layout, k) for k in mine)
+    tensors = sum(stage_tensors(model, layout, k) for k in mine)
+    d, zero = layout.dp, layout.zero
+    stepped = tensors if zero in (0, 3) else ceil_div(tensors, d)
+    out = model_state(policy, zero, total, ceil_div(total, d), stepped)
+    b = batch // (d * layout.micro_batches)
+    units = [stage_activation_bytes(model, b, layout, policy, k) for k in mine]
+    if layout.virtual == 1 or layout.pp == 1:
+        out["activations"] = in_flight(layout, rank) * units[0]
+    else:
+        out["activations"] = in_flight_bytes(units, layout, rank)
+    out["buffers"] = buffers(model, b, policy, layout, total)
+    return out
+
+
+def buffers(
+    model: ModelSpec, b: int, policy: DTypePolicy, layout: PlanLayout, total: int
+) -> int:
+    """Gradient buckets (DP), gathered blocks (ZeRO-3), a recomputed block (ckpt)."""
+    out = 0
+    if layout.dp > 1 and layout.zero <= 1 and not layout.bucket_view:
+        out += policy.reduce_bytes * total
+    if layout.zero == 3 and layout.dp > 1:
+        out += 2 * policy.weight_bytes * block_params(model.hidden, layout.tp)
+    if layout.ckpt != "none":
+        e = policy.activation_bytes
+        out += block_bytes(model, b, layout, e, "none")
+    return out
+
+
+def memory(
+    model: ModelSpec, batch: int, policy: DTypePolicy, layout: PlanLayout
+) -> tuple[dict[str, int], list[dict[str, int]]]:
+    """(the fullest rank's bytes by kind with their 'total', every pipeline rank's)."""
+    ranks = [rank_memory(model, batch, policy, layout, r) for r in range(layout.pp)]
+    for r in ranks:
+        r["total"] = sum(r[k] for k in KINDS)
+    return max(ranks, key=lambda r: r["total"]), ranks

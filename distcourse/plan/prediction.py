@@ -1,0 +1,159 @@
+"""One prediction (`predict`) and the layouts that fit, fastest first (`search`).
+
+`Prediction.to_dict()` keys (stable; the HTML book's planner uses the same):
+
+    model, policy, layout, hardware   the inputs' own dicts; batch (sequences)
+    gpus                              dp x tp x pp
+    memory    parameters, gradients, optimizer, activations, buffers, total:
+              bytes on the fullest rank (plan.memory)
+    by_rank   the same for each pipeline rank, first to last
+    fits      total <= the hardware's memory
+    time      compute, bubble, tp, pp, dp, total: seconds per step (plan.timing)
+    wire      tp, pp, dp: wire bytes per step, the busiest rank's
+    flops     FLOPs per step of the busiest rank
+    tokens_per_s  batch x seq / time.total
+    mfu       whole model's FLOPs per step (6 params-ish: sum over every rank) /
+              (gpus x peak rate x time.total)
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from distcourse.plan.hardware import Hardware
+from distcourse.plan.memory import memory
+from distcourse.plan.spec import CKPT, DTypePolicy, ModelSpec, PlanLayout, check
+from distcourse.plan.timing import stage_flops, step_time
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a layout costs one rank: bytes by kind, seconds by part, wire bytes."""
+
+    model: ModelSpec
+    batch: int
+    policy: DTypePolicy
+    layout: PlanLayout
+    hardware: Hardware
+    memory: dict[str, int] = field(default_factory=dict)
+    by_rank: list[dict[str, int]] = field(default_factory=list)
+    time: dict[str, float] = field(default_factory=dict)
+    wire: dict[str, int] = field(default_factory=dict)
+    flops: int = 0
+
+    @property
+    def fits(self) -> bool:
+        return self.memory["total"] <= self.hardware.memory
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch * self.model.seq / self.time["total"]
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs of the step (every stage, once) over what the GPUs could do."""
+        L = self.layout
+        b = self.batch // (L.dp * L.micro_batches)
+        plain = PlanLayout(pp=L.pp, virtual=L.virtual, schedule=L.schedule)
+        stages = range(L.pp * L.virtual)
+        useful = (
+            L.dp
+            * L.micro_batches
+            * sum(stage_flops(self.model, b, plain, k) for k in stages)
+        )
+        peak = self.hardware.rate(self.policy.dtype) / self.hardware.efficiency
+        return useful / (L.gpus * peak * self.time["total"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(
+            model=self.model.to_dict(),
+            batch=self.batch,
+            policy=self.policy.to_dict(),
+            layout=self.layout.to_dict(),
+            hardware=self.hardware.to_dict(),
+            gpus=self.layout.gpus,
+            memory=dict(self.memory),
+            by_rank=[dict(r) for r in self.by_rank],
+            fits=self.fits,
+            time=dict(self.time),
+            wire=dict(self.wire),
+            flops=self.flops,
+            tokens_per_s=self.tokens_per_s,
+            mfu=self.mfu,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Prediction:
+        """The prediction of a dict's inputs (computed again, so always consistent)."""
+        return predict(
+            ModelSpec.from_dict(data["model"]),
+            data["batch"],
+            DTypePolicy.from_dict(data["policy"]),
+            PlanLayout.from_dict(data["layout"]),
+            Hardware.from_dict(data["hardware"]),
+        )
+
+
+def predict(
+    model: ModelSpec,
+    batch: int,
+    policy: DTypePolicy,
+    layout: PlanLayout,
+    hw: Hardware,
+    gpus: int | None = None,
+) -> Prediction:
+    """Memory per rank and step time of `layout`; ValueError naming the broken
+    constraint if it is impossible (`spec.check`)."""
+    check(model, batch, layout, gpus)
+    fullest, ranks = memory(model, batch, policy, layout)
+    seconds, wire, flops = step_time(model, batch, policy, layout, hw)
+    return Prediction(
+        model, batch, policy, layout, hw, fullest, ranks, seconds, wire, flops
+    )
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def candidates(
+    model: ModelSpec, batch: int, gpus: int, hw: Hardware
+) -> list[PlanLayout]:
+    """Every layout worth trying on `gpus`: tp within a node; m from pp to 4 pp
+    (divisors of the share) under 1F1B; with tp > 1 sequence parallelism on;
+    ZeRO 0-3; checkpointing none, selective, full. Impossible ones are left out."""
+    found = []
+    for dp, tp in itertools.product(divisors(gpus), divisors(gpus)):
+        if gpus % (dp * tp) or tp > hw.gpus_per_node:
+            continue
+        pp = gpus // (dp * tp)
+        share = batch // dp if batch % dp == 0 else 0
+        ms = [1] if pp == 1 else [m for m in divisors(share) if pp <= m <= 4 * pp]
+        for m, zero, ckpt in itertools.product(ms, range(4), CKPT):
+            layout = PlanLayout(dp, tp, pp, m, zero, tp > 1, ckpt, "1f1b", 1, True)
+            try:
+                check(model, batch, layout, gpus)
+            except ValueError:
+                continue
+            found.append(layout)
+    return found
+
+
+def search(
+    model: ModelSpec, batch: int, policy: DTypePolicy, hw: Hardware, gpus: int
+) -> list[Prediction]:
+    """Predictions of every candidate layout that fits, fastest first (ties: less
+    memory). ValueError if the model and batch admit no layout on `gpus` at all."""
+    every = [
+        predict(model, batch, policy, lay, hw)
+        for lay in candidates(model, batch, gpus, hw)
+    ]
+    if not every:
+        raise ValueError(
+            f"no layout of {gpus} GPUs suits this model and batch: check that the "
+            "batch divides by the data-parallel degree and heads, layers by tp, pp"
+        )
+    fitting = [p for p in every if p.fits]
+    return sorted(fitting, key=lambda p: (p.time["total"], p.memory["total"]))

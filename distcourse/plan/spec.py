@@ -1,0 +1,285 @@
+"""What the planner is asked about: a model, a dtype policy, a layout, and the checks
+that refuse an impossible one before anything is computed.
+
+Every input is a frozen dataclass with `to_dict` / `from_dict` over plain JSON
+values, with these key names (stable: the HTML book's planner reads them):
+
+    model   layers, hidden, heads, seq, vocab
+    policy  dtype ("fp32" | "bf16"), reduce ("fp32" | "bf16"), optimizer
+            ("adamw" | "sgd")
+    layout  dp, tp, pp, micro_batches, zero (0-3), sp (bool), ckpt ("none" |
+            "selective" | "full"), schedule ("gpipe" | "1f1b" | "interleaved"),
+            virtual (stages per rank, interleaved only), bucket_view (bool)
+
+The model is `examples.gpt.TinyGPT`'s shape: L blocks of width h with a heads,
+learned positions for seq tokens, a vocabulary of V, an untied head. Its
+parameters (each block: 4 h x h attention matrices with biases, the 4h MLP with
+biases, two norms; then embeddings, final norm, head):
+
+    params = L (12 h^2 + 13 h) + 2 V h + seq h + 2 h
+
+`ModelSpec.from_params(N)` picks such a shape for a count alone: h the multiple of
+1024 nearest (128 N / 12)^(1/3) (so that L comes near h / 128, the aspect of GPT-3
+and Llama), at least 1024; heads of 128 (a = h / 128); L the multiple of 4
+nearest (N - 2 V h - seq h) / (12 h^2 + 13 h), at least 4; seq 4096 and V 32000
+unless given (7e9 gives 32 x 4096, 6.7e9 parameters; 70e9 68 x 9216, 69.9e9).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from distcourse.examples.gpt import GPTConfig
+
+DTYPES = ("fp32", "bf16")
+OPTIMIZERS = ("adamw", "sgd")
+CKPT = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+def _count(value: object, name: str, least: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    return value
+
+
+def _choice(value: object, name: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    return str(value)
+
+
+def from_plain(cls: type, data: dict[str, Any]) -> Any:
+    """cls(**data), refusing unknown keys by name (a typo must not pass silently)."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(
+            f"{cls.__name__}: unknown keys {unknown}; known {sorted(known)}"
+        )
+    return cls(**data)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A TinyGPT-shaped model: blocks, width, heads, sequence length, vocabulary."""
+
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _count(getattr(self, f.name), f.name)
+        if self.hidden % self.heads:
+            raise ValueError(
+                f"hidden={self.hidden} is not divisible by heads={self.heads}"
+            )
+
+    @property
+    def params(self) -> int:
+        """L (12 h^2 + 13 h) + 2 V h + seq h + 2 h."""
+        L, h = self.layers, self.hidden
+        return L * (12 * h * h + 13 * h) + 2 * self.vocab * h + self.seq * h + 2 * h
+
+    def config(self) -> GPTConfig:
+        """The same shape as examples.gpt's GPTConfig (block_size = seq)."""
+        return GPTConfig(
+            vocab=self.vocab,
+            block_size=self.seq,
+            n_layer=self.layers,
+            n_head=self.heads,
+            n_embd=self.hidden,
+        )
+
+    @classmethod
+    def from_config(cls, cfg: GPTConfig) -> ModelSpec:
+        return cls(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, cfg.vocab)
+
+    @classmethod
+    def from_params(
+        cls, params: float, seq: int = 4096, vocab: int = 32000
+    ) -> ModelSpec:
+        """A shape of about `params` parameters (the rule in the module docstring)."""
+        if not params >= 1e6:
+            raise ValueError(f"params must be at least 1e6, got {params!r}")
+        h = max(1024, 1024 * round((128 * params / 12) ** (1 / 3) / 1024))
+        rest = params - 2 * vocab * h - seq * h
+        layers = max(4, 4 * round(rest / (12 * h * h + 13 * h) / 4))
+        return cls(layers, h, h // 128, seq, vocab)
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        return from_plain(cls, data)
+
+
+@dataclass(frozen=True)
+class DTypePolicy:
+    """fp32 throughout, or bf16 mixed precision with fp32 master weights.
+
+    Bytes per parameter (AdamW; SGD keeps no moments):
+        fp32: weights 4, gradients 4, optimizer 8 (two moments)       = 16
+        bf16: weights 2, gradients 2, optimizer 12 (fp32 master 4 +
+              two fp32 moments 8)                                     = 16
+    Activations are kept at 4 (fp32) or 2 (bf16) bytes per value. `reduce` is the
+    dtype gradients cross the wire in (data-parallel reduction).
+    """
+
+    dtype: str = "fp32"
+    reduce: str = "fp32"
+    optimizer: str = "adamw"
+
+    def __post_init__(self) -> None:
+        _choice(self.dtype, "dtype", DTYPES)
+        _choice(self.reduce, "reduce", DTYPES)
+        _choice(self.optimizer, "optimizer", OPTIMIZERS)
+
+    @property
+    def weight_bytes(self) -> int:
+        return 4 if self.dtype == "fp32" else 2
+
+    @property
+    def grad_bytes(self) -> int:
+        return self.weight_bytes
+
+    @property
+    def reduce_bytes(self) -> int:
+        return 4 if self.reduce == "fp32" else 2
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """Optimizer state per parameter: moments (AdamW 8) + fp32 master (bf16 4)."""
+        moments = 8 if self.optimizer == "adamw" else 0
+        return moments + (4 if self.dtype == "bf16" else 0)
+
+    @property
+    def step_bytes(self) -> int:
+        """AdamW's step counter: one fp32 scalar per parameter tensor it steps."""
+        return 4 if self.optimizer == "adamw" else 0
+
+    @property
+    def activation_bytes(self) -> int:
+        return self.weight_bytes
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DTypePolicy:
+        return from_plain(cls, data)
+
+
+@dataclass(frozen=True)
+class PlanLayout:
+    """Degrees (dp x tp x pp GPUs) and how each rank runs its part."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batches: int = 1
+    zero: int = 0
+    sp: bool = False
+    ckpt: str = "none"
+    schedule: str = "1f1b"
+    virtual: int = 1
+    bucket_view: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "micro_batches", "virtual"):
+            _count(getattr(self, name), name)
+        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+            raise ValueError(
+                f"zero (the ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}"
+            )
+        for name in ("sp", "bucket_view"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"{name} must be true or false, got {getattr(self, name)!r}"
+                )
+        _choice(self.ckpt, "ckpt", CKPT)
+        _choice(self.schedule, "schedule", SCHEDULES)
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def name(self) -> str:
+        """'dp x tp x pp', e.g. '8x8x1'."""
+        return f"{self.dp}x{self.tp}x{self.pp}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlanLayout:
+        return from_plain(cls, data)
+
+
+def check(
+    model: ModelSpec, batch: int, layout: PlanLayout, gpus: int | None = None
+) -> None:
+    """ValueError naming the constraint an impossible layout breaks (none sent).
+
+    dp x tp x pp = gpus; tp divides heads, hidden and vocab (heads and the
+    vocabulary split by TP); with sp, tp divides seq; pp divides layers (equal
+    stages; at most one stage per block); with interleaving, pp x virtual divides
+    layers and virtual >= 2; virtual > 1 only for interleaved; the batch divides
+    into dp shares of micro_batches equal micro-batches; micro_batches > 1 needs
+    pp > 1; 1F1B and interleaved need micro_batches >= pp.
+    """
+    _count(batch, "batch")
+    L = layout
+    if gpus is not None and L.gpus != gpus:
+        raise ValueError(
+            f"dp={L.dp} x tp={L.tp} x pp={L.pp} = {L.gpus} GPUs, but there are {gpus}"
+        )
+    for name, value in (
+        ("heads", model.heads),
+        ("hidden", model.hidden),
+        ("vocab", model.vocab),
+    ):
+        if value % L.tp:
+            raise ValueError(f"{name}={value} is not divisible by tp={L.tp}")
+    if L.sp and model.seq % L.tp:
+        raise ValueError(
+            f"sequence parallel: seq={model.seq} is not divisible by tp={L.tp}"
+        )
+    if L.sp and L.tp == 1:
+        raise ValueError("sequence parallel (sp) needs tp > 1")
+    stages = L.pp * L.virtual
+    if stages > model.layers:
+        raise ValueError(
+            f"pp={L.pp} x virtual={L.virtual} = {stages} stages, "
+            f"more than layers={model.layers}"
+        )
+    if model.layers % stages:
+        raise ValueError(
+            f"layers={model.layers} do not divide into {stages} equal stages "
+            f"(pp={L.pp} x virtual={L.virtual})"
+        )
+    if L.schedule == "interleaved" and L.virtual < 2:
+        raise ValueError("the interleaved schedule needs virtual >= 2 stages per rank")
+    if L.schedule != "interleaved" and L.virtual > 1:
+        raise ValueError(
+            f"virtual={L.virtual} stages per rank needs schedule=interleaved"
+        )
+    if L.micro_batches > 1 and L.pp == 1:
+        raise ValueError(f"micro_batches={L.micro_batches} needs a pipeline: pp=1")
+    if L.pp > 1 and L.schedule != "gpipe" and L.micro_batches < L.pp:
+        raise ValueError(
+            f"{L.schedule} needs micro_batches >= pp: {L.micro_batches} < pp={L.pp}"
+        )
+    if batch % L.dp:
+        raise ValueError(f"batch={batch} does not split into dp={L.dp} equal shares")
+    if (batch // L.dp) % L.micro_batches:
+        raise ValueError(
+            f"a share of {batch // L.dp} (batch {batch} / dp={L.dp}) does not split "
+            f"into micro_batches={L.micro_batches}"
+        )
