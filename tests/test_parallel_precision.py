@@ -1,6 +1,7 @@
 """Mixed precision on real gloo ranks: the bytes held are 2 + 2 + 4 + 8 a parameter
-(4 + 4 + 8 in fp32), the bf16 loss curve follows fp32's, 2 fp32 ranks equal one
-process, and a bf16 all_reduce loses digits where fp32's does not."""
+(4 + 4 + 8 in fp32, 2 + 2 + 4 in bf16 without a master), the bf16 loss curve
+follows fp32's, 2 fp32 ranks equal one process, and a bf16 all_reduce loses digits
+where fp32's does not."""
 
 from __future__ import annotations
 
@@ -37,21 +38,24 @@ def _on_ranks() -> dict:
     batches = token_batches(STEPS, BATCH * world)
     mine = [(x.chunk(world)[rank], y.chunk(world)[rank]) for x, y in batches]
     out = {}
-    for name, param, reduce in (
-        ("fp32", FP32, FP32),
-        ("bf16", BF16, FP32),
-        ("bf16 reduced in bf16", BF16, BF16),
+    for name, param, reduce, master in (
+        ("fp32", FP32, FP32, True),
+        ("bf16", BF16, FP32, True),
+        ("bf16 reduced in bf16", BF16, BF16, True),
+        ("bf16 without master", BF16, FP32, False),
     ):
         model = _model()
         numel = sum(p.numel() for p in model.parameters())
         tensors = len(list(model.parameters()))
-        policy = MixedPrecision(model, 3e-3, param_dtype=param, reduce_dtype=reduce)
+        policy = MixedPrecision(
+            model, 3e-3, param_dtype=param, reduce_dtype=reduce, master=master
+        )
         losses = _train(policy, mine)
         curve = torch.tensor(losses)
         dist.all_reduce(curve)
         out[name] = dict(
             held=policy.held(),
-            formula=held_formula(numel, tensors, param),
+            formula=held_formula(numel, tensors, param, master),
             curve=(curve / world).tolist(),
             state={k: v.float() for k, v in model.state_dict().items()},
         )
@@ -68,7 +72,7 @@ def ranks() -> list[dict]:
 
 def test_bytes_held_are_2_2_4_8_in_bf16_and_4_4_8_in_fp32(ranks: list[dict]) -> None:
     for out in ranks:
-        for name in ("fp32", "bf16", "bf16 reduced in bf16"):
+        for name in ("fp32", "bf16", "bf16 reduced in bf16", "bf16 without master"):
             assert out[name]["held"] == out[name]["formula"], name
     fp32, bf16 = ranks[0]["fp32"]["held"], ranks[0]["bf16"]["held"]
     assert sum(fp32.values()) == sum(bf16.values())  # 16 bytes a parameter both

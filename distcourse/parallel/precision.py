@@ -12,7 +12,9 @@ the bf16 weights. Bytes per parameter:
 
 the same 16 as plain fp32 (4 + 4 + 8): mixed precision halves the activations and
 speeds up the matrix products, not the model's state. With `param_dtype=float32`
-the same class is plain fp32 training (the weights are their own master).
+the same class is plain fp32 training (the weights are their own master); with
+`master=False`, AdamW steps the bf16 weights themselves (its moments in bf16 too):
+the shortcut whose updates, below bf16's spacing, are rounded away.
 
 torch's everyday form, autocast over an fp32 model, keeps 4 + 4 + 8 as well, and
 casts a bf16 copy of each weight as the forward uses it (kept for backward).
@@ -50,6 +52,7 @@ class MixedPrecision:
         *,
         param_dtype: torch.dtype = BF16,
         reduce_dtype: torch.dtype = FP32,
+        master: bool = True,
     ) -> None:
         params = list(model.parameters())
         wrong = {p.dtype for p in params} - {FP32}
@@ -59,8 +62,9 @@ class MixedPrecision:
             raise ValueError("param_dtype and reduce_dtype: float32 or bfloat16")
         self.model, self.group = model, group
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
-        if param_dtype == FP32:
-            self.master = params  # the weights are their own master
+        if param_dtype == FP32 or not master:
+            model.to(param_dtype)
+            self.master = list(model.parameters())  # the weights are their own
         else:
             self.master = [p.detach().clone() for p in params]
             model.to(param_dtype)
@@ -82,7 +86,7 @@ class MixedPrecision:
             grad = p.grad.to(self.reduce_dtype)  # a copy only if the dtype differs
             if world > 1:
                 dist.all_reduce(grad, group=self.group)
-            m.grad = (grad / world).to(FP32)
+            m.grad = (grad / world).to(m.dtype)
             if m is not p:  # the bf16 gradient stays, as torch keeps .grad
                 p.grad.copy_(m.grad)
         self.optimizer.step()
@@ -114,16 +118,20 @@ def nbytes(tensors: object) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)  # type: ignore[attr-defined]
 
 
-def held_formula(numel: int, tensors: int, param_dtype: torch.dtype) -> dict[str, int]:
+def held_formula(
+    numel: int, tensors: int, param_dtype: torch.dtype, master: bool = True
+) -> dict[str, int]:
     """What `MixedPrecision.held` must say after a step, for a model of `numel`
     parameters in `tensors` tensors: 2 + 2 + 4 + 8 bytes a parameter in bf16,
-    4 + 4 + 0 + 8 in fp32, and AdamW's step counters."""
+    4 + 4 + 0 + 8 in fp32 (2 + 2 + 0 + 4 in bf16 without a master), and AdamW's
+    step counters."""
     w = torch.empty((), dtype=param_dtype).element_size()
+    own = param_dtype == FP32 or not master
     return {
         "weights": w * numel,
         "gradients": w * numel,
-        "master": 0 if param_dtype == FP32 else 4 * numel,
-        "optimizer": 8 * numel + ADAMW_STEP * tensors,
+        "master": 0 if own else 4 * numel,
+        "optimizer": 2 * (w if own else 4) * numel + ADAMW_STEP * tensors,
     }
 
 

@@ -2,11 +2,13 @@
 live), `timing` (costs, timelines, Gantt charts), `duality` (what a conversion
 sends forward and backward), `mesh` (ranks on a device mesh, their groups per axis,
 bytes per axis, costs per layout), `sharding` (who holds which model state under
-ZeRO's stages; memory held against bytes sent). Every function returns a
+ZeRO's stages; memory held against bytes sent), `memory` (loss curves side by
+side; a rank's memory stacked by kind). Every function returns a
 matplotlib Figure and never calls plt.show().
 """
 
 from distcourse.viz.duality import conversion_bytes
+from distcourse.viz.memory import loss_curves, memory_stacks
 from distcourse.viz.mesh import axis_bytes, layout_costs, mesh_groups
 from distcourse.viz.sharding import (
     bytes_against_ranks,
@@ -23,6 +25,8 @@ __all__ = [
     "gantt",
     "hidden_sweep",
     "layout_costs",
+    "loss_curves",
+    "memory_stacks",
     "bytes_against_ranks",
     "memory_for_communication",
     "mesh_groups",
