@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distcourse.examples.gpt import Block, GPTConfig
+from distcourse import plan
+from distcourse.examples.gpt import Block, GPTConfig, TinyGPT, lm_loss, token_batches
 from distcourse.launch import spawn
 from distcourse.parallel.tensor import (
     block_activation_bytes,
@@ -16,6 +17,7 @@ from distcourse.parallel.tensor import (
     layer_activation_bytes,
     parallelize_block,
     saved_activation_bytes,
+    step_activation_bytes,
 )
 
 B, T, H, HEADS = 2, 8, 16, 4
@@ -95,3 +97,17 @@ def test_the_general_formula_is_ours_and_measures_dropouts_masks() -> None:
     assert sum(measured.values()) == sum(want.values())
     with pytest.raises(ValueError, match="recompute must be one of"):
         layer_activation_bytes(B, T, H, HEADS, recompute="some")
+
+
+def test_a_whole_steps_activations_equal_the_planners() -> None:
+    cfg = GPTConfig(vocab=32, block_size=8, n_layer=2, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    x, y = token_batches(1, 4, cfg)[0]
+    x = x.contiguous()  # a slice would count its whole storage
+    got = step_activation_bytes(TinyGPT(cfg), lambda m: lm_loss(m(x), y))
+    fp32 = plan.DTypePolicy("fp32", "fp32", "adamw")
+    layout = plan.PlanLayout(dp=1)
+    want = plan.predict(
+        plan.ModelSpec.from_config(cfg), 4, fp32, layout, plan.named("h100")
+    )
+    assert got == want.memory["activations"]

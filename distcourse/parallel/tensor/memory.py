@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -96,6 +96,27 @@ def saved_activation_bytes(block: nn.Module, x: Tensor) -> dict[str, int]:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             block(x)
     return {k: v for k, v in counts.items() if v or k != "(block)"}
+
+
+def step_activation_bytes(
+    model: nn.Module, loss_of: Callable[[nn.Module], Tensor]
+) -> int:
+    """Bytes autograd keeps for backward during `loss_of(model)`, a whole forward
+    and its loss: each storage once, parameters left out (as
+    `saved_activation_bytes`, without the split by sub-module). Pass inputs as
+    tensors of their own: a slice would count its whole storage."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss_of(model)
+    return sum(seen.values())
 
 
 @contextmanager
