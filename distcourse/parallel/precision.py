@@ -3,10 +3,10 @@
 `MixedPrecision` is the recipe of Micikevicius et al. 2018 that the ZeRO paper
 counts (its section 3.1): the model runs forward and backward with bf16 weights
 under `torch.autocast` (ops that need the range, like the loss, run in fp32), so its
-gradients arrive in bf16; they are averaged over the group in `reduce_dtype`
-(fp32 is the safe choice, bf16 halves the bytes sent), land on an fp32 copy of the
-weights (the master), AdamW steps the master, and the master is rounded back into
-the bf16 weights. Bytes per parameter:
+gradients arrive in bf16; they are averaged over the group in `reduce_dtype`, in
+one flat bucket (fp32 is the safe choice, bf16 halves the bytes sent), land on an
+fp32 copy of the weights (the master), AdamW steps the master, and the master is
+rounded back into the bf16 weights. Bytes per parameter:
 
     bf16 weights 2 + bf16 gradients 2 + fp32 master 4 + AdamW's moments 8 = 16
 
@@ -82,11 +82,15 @@ class MixedPrecision:
             loss = loss_of(self.model)
         loss.backward()
         world = dist.get_world_size(self.group) if dist.is_initialized() else 1
-        for p, m in zip(self.params, self.master, strict=True):
-            grad = p.grad.to(self.reduce_dtype)  # a copy only if the dtype differs
-            if world > 1:
-                dist.all_reduce(grad, group=self.group)
-            m.grad = (grad / world).to(m.dtype)
+        # one flat bucket in the reduce dtype, one all_reduce (as DDP's buckets)
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        flat = flat.to(self.reduce_dtype)
+        if world > 1:
+            dist.all_reduce(flat, group=self.group)
+        flat /= world
+        pieces = flat.split([p.numel() for p in self.params])
+        for p, m, piece in zip(self.params, self.master, pieces, strict=True):
+            m.grad = piece.view_as(p).to(m.dtype)
             if m is not p:  # the bf16 gradient stays, as torch keeps .grad
                 p.grad.copy_(m.grad)
         self.optimizer.step()
