@@ -4,17 +4,22 @@ activations kept for backward, and buffers (gathered or temporary).
 Notation: L blocks of width h, a heads, seq tokens s, vocabulary V; degrees d (dp),
 t (tp), p (pp), v (stages per rank, interleaved); m micro-batches of
 b = batch / (d m) sequences, n = b s tokens each; w, g, o the policy's bytes per
-weight, gradient and optimizer element (spec.DTypePolicy), c its bytes per step
-counter (AdamW 4), e its bytes per activation value (4 or 2). Every count is an
-integer; `//` is floor division, ceil(x / y) = -(-x // y).
+weight, gradient and optimizer element (spec.DTypePolicy), y per gradient element
+on the wire (the reduce dtype), c per step counter (AdamW 4), e per activation
+value (4 or 2). Every count is an
+integer; `//` is floor division, ceil(i / j) = -(-i // j).
 
 Model state. The pipeline has S = p v stages, stage k on rank k % p; rank r holds
-stages r, r + p, ... Stage k's parameters are `hybrid.cost.parameters_held` for
-S stages (each block: 4h + (4h^2 + 3h)/t + h + (8h^2 + 4h)/t + h; stage 0 adds
-V h / t + s h, the last stage 2h + V h / t), its parameter tensors
-16 per block, +2 on stage 0, +3 on the last. With P elements and T tensors on the
-rank, q = ceil(P / d) its ZeRO share and T_z = T for ZeRO 0 and 3, ceil(T / d) for
-1 and 2 (the tensors it steps):
+stages r, r + p, ..., r + (v - 1) p. Stage k has L // S blocks; its parameters
+(`hybrid.cost.parameters_held` for S stages) and parameter tensors:
+
+    block    4h + (4 h h // t + 3h // t + h) + ((4 h h + 4h) // t + 4 h h // t + h)
+    stage k  (L // S) x block, + V h // t + s h if k = 0, + 2h + V h // t if last
+    tensors  16 (L // S), + 2 if k = 0, + 3 if last
+
+With P elements and T tensors on the rank (summed over its stages), its ZeRO
+share q = ceil(P / d) and T_z = T for ZeRO 0 and 3, ceil(T / d) for 1 and 2 (the
+tensors it steps):
 
     parameters  w x (q if zero = 3 else P)
     gradients   g x (q if zero >= 2 else P)
@@ -24,33 +29,48 @@ rank, q = ceil(P / d) its ZeRO share and T_z = T for ZeRO 0 and 3, ceil(T / d) f
 ZeRO-1 4P + 4P + 8P/d, ZeRO-2 4P + 12P/d, ZeRO-3 16P/d; `parallel.zero.memory.
 formula`, which takes the package's exact, uneven shares.)
 
-Buffers. Data parallelism without ZeRO-2/3 keeps a flat bucket of the gradients in
-the reduce dtype (r bytes) unless the gradients are views into it (bucket_view):
-r x P; ZeRO-3 all-gathers one block at a time and reduce-scatters its gradient:
-2 x w x (one block's parameters on the rank); activation checkpointing recomputes
-one block's activations in backward (the `block` count below, unsplit by
-checkpointing) on top of what is held.
+Buffers, the sum of:
 
-Activations, per micro-batch, what autograd keeps for backward (saved-tensor
-hooks; `parallel.tensor.memory.block_activation_bytes` for a block):
+    buckets    y x P if d > 1 and zero <= 1 and not bucket_view, else 0 (DDP's
+               flat gradient buckets in the reduce dtype; with bucket_view the
+               gradients are views into them)
+    ZeRO-3     2 x w x block, if zero = 3 and d > 1 (one block all-gathered, and
+               its gradient before the reduce-scatter)
+    ckpt       block_none (below), if ckpt is not "none" (one block's
+               activations recomputed in backward, on top of what is held)
 
-    block (no ckpt)  n (h + 2) e x 2 (norms; / t with sp) + n (h + 4h/t) e
-                     + b (a/t) s e (attention) + n (h + 8h/t) e (MLP)
-    block, selective the same less the attention's b (a/t) s e (its log-sum-exp:
-                     the attention core is recomputed)
-    block, full      n h e (/ t with sp): the block's input alone
-    stage 0          8 n + 8 s (token ids and positions, int64); with t > 1
-                     9 n + 8 s (ids shifted to the rank's rows, + a 1-byte mask)
-    last stage       n (h + 2) e (/ t with sp) + n h e (final norm, head input)
-                     + 4 n V / t (fp32 softmax) + 8 n + 4 (targets, loss);
-                     with t > 1: + n (the mask of targets not on the rank)
-    between stages   a stage that is not last keeps its output, n h e; the last
-                     its loss, 4
+Activations, what autograd keeps for backward (saved-tensor hooks), for one
+micro-batch of b sequences on stage k; N = n // t with sp, n without:
 
-Micro-batches in flight on rank r: GPipe m; 1F1B min(m, p - r); interleaved, a
-walk over the rank's actions (`in_flight_bytes`). Activations = in flight x one
-micro-batch's bytes for v = 1. A rank with no pipeline (p = 1) keeps no stage
-output. The fullest rank is reported (`memory`), every rank in `by_rank`.
+    block_none       N (h + 2) e x 2                       (ln1, ln2)
+                     + n (h + 4h // t) e + b (a // t) s e  (attention: input;
+                       q, k, v, output; a log-sum-exp per head and token)
+                     + n (h + 8h // t) e                   (MLP)
+                     (`parallel.tensor.memory.block_activation_bytes`)
+    block_selective  block_none - b (a // t) s e (the attention core recomputed)
+    block_full       n h e // t with sp, n h e without (the block's input)
+    stage k          (L // S) x block_<ckpt>
+                     + if k = 0: 8 n + 8 s (int64 token ids, positions), or
+                       9 n + 8 s when t > 1 (+ a 1-byte mask of ids not owned)
+                     + if k is last: N (h + 2) e + n h e (final norm, head input)
+                       + 4 n V // t + 8 n + 4 (fp32 softmax, int64 targets, loss)
+                       + n when t > 1 (a 1-byte mask of targets not owned)
+                     + if p > 1: n h e (the stage output the pipeline keeps), or
+                       4 on the last stage (its loss)
+
+Peak over the step on pipeline rank r, with U_k that micro-batch count:
+
+    p = 1 or GPipe   m x U_r
+    1F1B             min(m, p - r) x U_r
+    interleaved      a walk over the rank's actions (`in_flight_bytes`): with
+                     g = m // max(1, m // p) micro-batches a round, T = m v,
+                     warm = T if m = p else min(2 (p - r - 1) + (v - 1) g, T);
+                     for f = 0 .. T - 1: held += U of chunk (f // g) % v, peak =
+                     max(peak, held); then if f >= warm: held -= U of chunk
+                     v - 1 - ((f - warm) // g) % v (chunk j is stage r + j p)
+
+The fullest rank (largest total; the first of equals) is `memory`; every
+pipeline rank, first to last, `by_rank` (any dp and tp coordinate holds the same).
 """
 
 from __future__ import annotations
@@ -192,13 +212,19 @@ def rank_memory(
     return out
 
 
+def bucket_bytes(policy: DTypePolicy, layout: PlanLayout, total: int) -> int:
+    """DDP's flat gradient buckets in the reduce dtype, r x P, when dp > 1 without
+    ZeRO-2/3; 0 when the gradients are views into them (bucket_view)."""
+    if layout.dp > 1 and layout.zero <= 1 and not layout.bucket_view:
+        return policy.reduce_bytes * total
+    return 0
+
+
 def buffers(
     model: ModelSpec, b: int, policy: DTypePolicy, layout: PlanLayout, total: int
 ) -> int:
     """Gradient buckets (DP), gathered blocks (ZeRO-3), a recomputed block (ckpt)."""
-    out = 0
-    if layout.dp > 1 and layout.zero <= 1 and not layout.bucket_view:
-        out += policy.reduce_bytes * total
+    out = bucket_bytes(policy, layout, total)
     if layout.zero == 3 and layout.dp > 1:
         out += 2 * policy.weight_bytes * block_params(model.hidden, layout.tp)
     if layout.ckpt != "none":

@@ -12,8 +12,9 @@
     wire      tp, pp, dp: wire bytes per step, the busiest rank's
     flops     FLOPs per step of the busiest rank
     tokens_per_s  batch x seq / time.total
-    mfu       whole model's FLOPs per step (6 params-ish: sum over every rank) /
-              (gpus x peak rate x time.total)
+    mfu       the model's FLOPs per step (3 forwards of every stage, no
+              recompute, times d m micro-batches) / (gpus x the dtype's peak
+              FLOP/s x time.total); peak = Hardware.rate / efficiency
 """
 
 from __future__ import annotations

@@ -7,33 +7,45 @@ arange(world).view(dp, pp, tp)), tp runs inside a node while t <= GPUs per node,
 pp while t p does, dp while d t p does; beyond, on the network
 (`parallel.hybrid.recipe.links`).
 
-Compute. A block's forward costs n (24 h^2 + 4 s h) FLOPs per micro-batch (the
-six matmuls, 12 h^2 multiply-adds a token; scores and weighted values, 2 s h
-each); the head's 2 n h V. Backward is twice the forward. Checkpointing adds a
-forward in backward: full, the block's whole forward; selective, the attention
-core (4 n s h). Each is split t ways. One rank's micro-batch time U is the sum
-over its stages of (3 F + recompute) / (t R); the slowest rank's sets the pace:
+Compute, integer FLOPs, for stage k and one micro-batch (before the split by t):
+
+    forward     (L // S) n (24 h h + 4 s h)  (+ 2 n h V on the last stage)
+                (the six matmuls, 12 h h multiply-adds a token; scores and the
+                weighted values, 2 s h each)
+    recompute   none 0; selective (L // S) 4 n s h (the attention core); full
+                (L // S) n (24 h h + 4 s h) (the blocks' forward again)
+    stage       3 forward + recompute           (backward = 2 forward)
+
+Rank r's FLOPs per micro-batch F_r = (sum over its stages) // t; U = max_r F_r / R:
 
     compute = m U          bubble = (p - 1) / v x U    (0 when p = 1)
 
-Messages, per step, on the busiest pipeline rank (bytes are wire bytes,
-`comm.ledger.ring_wire_bytes`: all-reduce 2(k-1)/k x S, all-gather and
-reduce-scatter (k-1)/k x S each, on a ring of k):
+Messages per step, for each pipeline rank r: (bytes, alpha steps) per axis. Bytes
+are wire bytes (`comm.ledger.ring_wire_bytes`, on a ring of k ranks, 0 if k = 1):
+all-reduce 2 (k - 1) T // k, all-gather and reduce-scatter (k - 1) T // k.
+A = n h e, the bytes of one activation. Over the rank's stages k:
 
-    tp  per micro-batch and stage: 4 all-reduces per block (forward g and
-        backward f, attention and MLP), one more on stage 0 (the embedding) and
-        on the last stage (the head's f), each of A = n h e bytes; the last stage
-        also 3 of 4 n bytes (the loss's max, sum and target logit, fp32).
-        Sequence parallelism swaps each for an all-gather and a reduce-scatter:
-        the same bytes and alpha steps. Time: 2 (t - 1) alpha per all-reduce
-        + bytes x beta.
-    pp  per micro-batch and stage: A forward unless the stage is last, A
-        backward unless it is first; alpha + A beta each.
-    dp  once per step on the rank's P parameters: ZeRO 0 all-reduce of P r;
-        ZeRO 1 that + all-gather of P w; ZeRO 2 reduce-scatter of P r +
-        all-gather of P w; ZeRO 3 two all-gathers of P w (forward and backward)
-        + reduce-scatter of P r. Time: (k - 1) alpha per all-gather or
-        reduce-scatter, 2 (k - 1) per all-reduce, + bytes x beta.
+    tp  calls = 4 (L // S) + [k = 0] + [k last] all-reduces of A (forward g and
+        backward f around attention and MLP; the embedding's g; the head's f),
+        and on the last stage 3 more of 4 n bytes (the loss's max, sum, target;
+        fp32): bytes m (calls x AR(A, t) + 3 [last] x AR(4n, t)), steps
+        m (calls + 3 [last]) x 2 (t - 1). (Sequence parallelism swaps each
+        all-reduce for an all-gather and a reduce-scatter: the same bytes, the
+        same alpha steps.)
+    pp  sends = [k not last] + [k not 0] if p > 1, else 0: bytes m sends A,
+        steps m sends.
+    dp  once per step on the rank's P parameters, q = ceil(P / d) its share
+        (padded: every piece of a reduce-scatter or all-gather is q elements):
+        all-reduce of the gradients AR(y P, d) = 2 (d - 1) y P // d; a
+        reduce-scatter of them RS = (d - 1) y q; an all-gather of the weights
+        AG = (d - 1) w q (each rank hands in its q):
+        ZeRO 0  AR                 steps 2 (d - 1)
+        ZeRO 1  AR + AG            steps 3 (d - 1)
+        ZeRO 2  RS + AG            steps 2 (d - 1)
+        ZeRO 3  AG + AG + RS       steps 3 (d - 1)  (forward, backward, grads)
+
+Seconds per axis: the max over pipeline ranks of steps x alpha + bytes x beta,
+with the axis's link's (alpha, beta); `wire` is the max over ranks of the bytes.
 
     step = compute + bubble + tp + pp + dp (seconds; an upper bound: nothing
     overlaps).
@@ -56,6 +68,15 @@ DP_COLLECTIVES = {  # ZeRO stage -> (op, which bytes) in one step
     3: (("all_gather", "weight"), ("all_gather", "weight"), ("reduce_scatter", "grad")),
 }
 ALPHA_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (k - 1)
+
+
+def handed_in(op: str, what: str, policy: DTypePolicy, total: int, d: int) -> int:
+    """Bytes a rank hands to a data-parallel collective over P = `total` elements,
+    q = ceil(P / d) its (padded) share: an all-reduce the whole P, a reduce-scatter
+    d q (padded to equal pieces), an all-gather its own q."""
+    per = policy.reduce_bytes if what == "grad" else policy.weight_bytes
+    share = -(-total // d)
+    return per * {"all_reduce": total, "reduce_scatter": d * share}.get(op, share)
 
 
 def stage_flops(model: ModelSpec, b: int, layout: PlanLayout, stage: int) -> int:
@@ -99,10 +120,9 @@ def rank_messages(
         pp_steps += m * sends
     total = sum(stage_params(model, layout, k) for k in rank_stages(layout, rank))
     d = layout.dp
-    size = {"grad": policy.reduce_bytes * total, "weight": policy.weight_bytes * total}
     dp = dp_steps = 0
     for op, what in DP_COLLECTIVES[layout.zero]:
-        dp += ring_wire_bytes(op, size[what], d)
+        dp += ring_wire_bytes(op, handed_in(op, what, policy, total, d), d)
         dp_steps += ALPHA_STEPS[op] * (d - 1)
     return dict(tp=(tp, tp_steps), pp=(pp, pp_steps), dp=(dp, dp_steps))
 

@@ -1,0 +1,195 @@
+"""distcourse.plan in one process: its counts equal the package's own (TinyGPT's
+parameters, hybrid.cost's bytes, the schedules' micro-batches in flight), inputs
+round-trip through plain dicts, impossible layouts are refused naming the
+constraint (module and CLI: exit code 2, one line), and the search ranks what fits.
+The comparison with bytes measured on ranks is tests/test_plan_measured.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from distcourse import plan
+from distcourse.examples.gpt import GPTConfig, TinyGPT
+from distcourse.parallel import hybrid
+from distcourse.parallel.pipeline import in_flight, interleaved, one_f_one_b
+from distcourse.plan import cli, memory, timing
+
+CFG = GPTConfig(vocab=64, block_size=8, n_layer=8, n_head=8, n_embd=16)
+MODEL = plan.ModelSpec.from_config(CFG)
+FP32 = plan.DTypePolicy("fp32")
+H100 = plan.named("h100")
+
+
+def test_parameters_are_tinygpts() -> None:
+    for cfg in (CFG, GPTConfig()):
+        spec = plan.ModelSpec.from_config(cfg)
+        assert spec.params == sum(p.numel() for p in TinyGPT(cfg).parameters())
+        assert spec.config() == cfg
+
+
+def test_stage_parameters_and_wire_bytes_are_hybrid_costs() -> None:
+    for layout in hybrid.layouts(8):
+        lay = plan.PlanLayout(layout.dp, layout.tp, layout.pp, layout.pp)
+        for s in range(layout.pp):
+            assert memory.stage_params(MODEL, lay, s) == hybrid.parameters_held(
+                layout, CFG, s
+            )
+            sent = timing.rank_messages(MODEL, 16, FP32, lay, s)
+            want = hybrid.bytes_per_step(layout, CFG, 16, s)
+            assert {a: sent[a][0] for a in want} == want
+
+
+def test_in_flight_is_the_schedules() -> None:
+    for p, m in ((4, 4), (4, 8), (2, 6), (8, 8)):
+        lay = plan.PlanLayout(pp=p, micro_batches=m)
+        assert [memory.in_flight(lay, r) for r in range(p)] == in_flight(
+            one_f_one_b(p, m)
+        )
+    for p, m, v in ((4, 4, 2), (4, 8, 2), (2, 4, 3), (4, 2, 2), (2, 6, 2)):
+        lay = plan.PlanLayout(pp=p, micro_batches=m, schedule="interleaved", virtual=v)
+        sched = interleaved(p, m, v)
+        assert [memory.in_flight(lay, r) for r in range(p)] == in_flight(sched)
+        ones = [1] * v  # every chunk one unit: the walk counts units in flight
+        walk = [memory.in_flight_bytes(ones, lay, r) for r in range(p)]
+        assert walk == in_flight(sched)
+
+
+def test_zero_formula_is_chapter_9s() -> None:
+    from distcourse.parallel.zero import formula
+
+    for stage in range(4):
+        assert plan.model_state(FP32, stage, 1000, 250, 3) == formula(
+            stage, 1000, 250, 3
+        )
+    mixed = plan.model_state(plan.DTypePolicy("bf16"), 0, 10, 10, 0)
+    assert mixed == dict(parameters=20, gradients=20, optimizer=120)  # 2 + 2 + 12
+
+
+def test_inputs_round_trip_through_plain_dicts() -> None:
+    layout = plan.PlanLayout(2, 2, 2, 4, 1, True, "full", "1f1b", 1, True)
+    found = plan.predict(MODEL, 16, FP32, layout, H100)
+    data = json.loads(json.dumps(found.to_dict()))
+    assert plan.Prediction.from_dict(data).to_dict() == data
+    assert set(data["memory"]) == {*plan.KINDS, "total"}
+    assert set(data["time"]) == {"compute", "bubble", "tp", "pp", "dp", "total"}
+    assert plan.Hardware.from_dict(H100.to_dict()) == H100
+    with pytest.raises(ValueError, match=r"unknown keys \['tpp'\]"):
+        plan.PlanLayout.from_dict({"tpp": 2})
+
+
+def test_from_params_gives_common_shapes() -> None:
+    assert plan.ModelSpec.from_params(7e9) == plan.ModelSpec(32, 4096, 32, 4096, 32000)
+    assert plan.ModelSpec.from_params(175e9).layers == 96  # GPT-3's 96 x 12288
+    assert plan.ModelSpec.from_params(175e9).hidden == 12288
+
+
+BAD = [
+    (dict(dp=8, tp=3), 64, "= 24 GPUs, but there are 64"),
+    (dict(tp=3), None, "heads=8 is not divisible by tp=3"),
+    (dict(pp=16), None, "16 stages, more than layers=8"),
+    (dict(pp=3, micro_batches=3), None, "layers=8 do not divide into 3 equal stages"),
+    (dict(pp=2, micro_batches=1), None, "1f1b needs micro_batches >= pp: 1 < pp=2"),
+    (dict(micro_batches=2), None, "micro_batches=2 needs a pipeline: pp=1"),
+    (dict(dp=3), None, "batch=16 does not split into dp=3"),
+    (dict(sp=True), None, "sequence parallel (sp) needs tp > 1"),
+    (dict(pp=2, micro_batches=2, virtual=2), None, "needs schedule=interleaved"),
+    (dict(pp=2, micro_batches=2, schedule="interleaved"), None, "virtual >= 2"),
+]
+
+
+@pytest.mark.parametrize("options, gpus, message", BAD)
+def test_impossible_layouts_are_refused_naming_the_constraint(
+    options: dict, gpus: int | None, message: str
+) -> None:
+    with pytest.raises(
+        ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
+    ):
+        plan.predict(MODEL, 16, FP32, plan.PlanLayout(**options), H100, gpus)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(zero=4), "zero (the ZeRO stage) must be 0, 1, 2 or 3"),
+        (dict(ckpt="some"), "ckpt must be one of none, selective, full"),
+        (dict(tp=0), "tp must be an integer >= 1"),
+    ],
+)
+def test_bad_values_are_refused(options: dict, message: str) -> None:
+    with pytest.raises(
+        ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
+    ):
+        plan.PlanLayout(**options)
+
+
+TINY = [
+    "--layers",
+    "8",
+    "--hidden",
+    "16",
+    "--heads",
+    "8",
+    "--seq",
+    "8",
+    "--vocab",
+    "64",
+]
+
+
+def test_cli_one_layout_as_json(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [*TINY, "--batch", "16", "--dtype", "fp32", "--json"]
+    assert cli.main([*args, "--layout", "dp=2,tp=2,pp=2,m=2"]) == 0
+    (found,) = json.loads(capsys.readouterr().out)
+    layout = plan.PlanLayout(2, 2, 2, 2)
+    assert found == plan.predict(MODEL, 16, FP32, layout, H100).to_dict()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--layout", "dp=2,tp=3,pp=1"], "heads=8 is not divisible by tp=3"),
+        (["--layout", "dp=2,tp=2,pp=4,m=2"], "1f1b needs micro_batches >= pp"),
+        (["--layout", "dp=2,tpp=2"], "unknown keys ['tpp']"),
+        (["--layout", "dp=x"], "dp must be an integer, got 'x'"),
+        (["--gpus", "8", "--layout", "dp=2"], "dp=2 x tp=1 x pp=1 = 2 GPUs"),
+        ([], "give --gpus"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_code_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([*TINY, "--batch", "16", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_search_ranks_layouts_that_fit_fastest_first() -> None:
+    policy = plan.DTypePolicy("bf16")
+    found = plan.search(plan.ModelSpec.from_params(7e9), 256, policy, H100, 64)
+    assert found and all(p.fits for p in found)
+    times = [p.time["total"] for p in found]
+    assert times == sorted(times)
+    assert all(p.layout.tp <= 8 and p.layout.gpus == 64 for p in found)
+    out = cli.run(["--params", "7e9", "--gpus", "64", "--top", "3"])
+    assert len(out.splitlines()) == 2 + 1 + 3  # model, hardware, header, 3 rows
+
+
+def test_explain_prints_every_formula() -> None:
+    text = cli.run(["--explain"])
+    for needle in ("params = L (12 h^2 + 13 h)", "min(m, p - r)", "step = compute"):
+        assert needle in text
+
+
+def test_data_parallel_wire_bytes_are_chapter_9s_on_even_shares() -> None:
+    from distcourse.parallel.zero import step_bytes
+
+    d = 4  # a model of P elements, P % d == 0: every share even
+    for zero in (0, 1, 2):
+        model = plan.ModelSpec(1, 16, 1, 1, 1)
+        P = memory.stage_params(model, plan.PlanLayout(), 0)
+        layout = plan.PlanLayout(dp=d, zero=zero)
+        sent = timing.rank_messages(model, d, FP32, layout, 0)["dp"][0]
+        ours = [step_bytes(zero, [P // d] * d, P // d, r) for r in range(d)]
+        assert P % d == 0 and ours == [sent] * d, (zero, P)
