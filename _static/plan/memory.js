@@ -121,11 +121,16 @@
     return peak;
   }
 
-  function buffers(model, b, policy, layout, total) {
-    let out = 0n;
+  /** DDP's flat gradient buckets in the reduce dtype (none with bucket_view). */
+  function bucketBytes(policy, layout, total) {
     if (layout.dp > 1n && layout.zero <= 1n && !layout.bucket_view) {
-      out += policy.reduce_bytes * total;
+      return policy.reduce_bytes * total;
     }
+    return 0n;
+  }
+
+  function buffers(model, b, policy, layout, total) {
+    let out = bucketBytes(policy, layout, total);
     if (layout.zero === 3n && layout.dp > 1n) {
       out += 2n * policy.weight_bytes * blockParams(model.hidden, layout.tp);
     }
@@ -172,6 +177,6 @@
   Object.assign(P, {
     ceilDiv, max, parametersHeld, blockParams, stageParams, stageTensors,
     rankStages, modelState, blockBytes, stageActivationBytes, inFlight,
-    inFlightBytes, buffers, rankMemory, memory,
+    inFlightBytes, bucketBytes, buffers, rankMemory, memory,
   });
 })();

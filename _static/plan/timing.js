@@ -25,6 +25,15 @@
     return (handedIn * RING_SHARE[op](n)) / n;
   }
 
+  /** Bytes a rank hands to a data-parallel collective over P = `total` elements,
+      q = ceil(P / d) its (padded) share: all-reduce P, reduce-scatter d q,
+      all-gather q. */
+  function handedIn(op, what, policy, total, d) {
+    const per = what === "grad" ? policy.reduce_bytes : policy.weight_bytes;
+    const share = P.ceilDiv(total, d);
+    return per * ({ all_reduce: total, reduce_scatter: d * share }[op] ?? share);
+  }
+
   function stageFlops(model, b, layout, stage) {
     const stages = layout.pp * layout.virtual;
     const n = b * model.seq, s = model.seq, h = model.hidden;
@@ -72,10 +81,9 @@
     let total = 0n;
     for (const k of P.rankStages(layout, rank)) total += P.stageParams(model, layout, k);
     const d = layout.dp;
-    const size = { grad: policy.reduce_bytes * total, weight: policy.weight_bytes * total };
     let dp = 0n, dpSteps = 0n;
     for (const [op, what] of DP_COLLECTIVES[layout.zero]) {
-      dp += ringWireBytes(op, size[what], d);
+      dp += ringWireBytes(op, handedIn(op, what, policy, total, d), d);
       dpSteps += ALPHA_STEPS[op] * (d - 1n);
     }
     return { tp: [tp, tpSteps], pp: [pp, ppSteps], dp: [dp, dpSteps] };
@@ -120,6 +128,6 @@
   }
 
   Object.assign(P, {
-    AXES, ringWireBytes, stageFlops, axisLinks, rankMessages, stepTime,
+    AXES, ringWireBytes, handedIn, stageFlops, axisLinks, rankMessages, stepTime,
   });
 })();
