@@ -98,7 +98,7 @@
       const y = top + i * (height + gap);
       if (i % every === 0 || i === n - 1) {
         s.append(svg("text", { x: LEFT - 6, y: y + height / 2 + 4, "text-anchor": "end" },
-          n === 1 ? "every GPU" : `stage rank ${i}`));
+          n === 1 ? "every GPU" : `pp rank ${i}`));
       }
       s.append(bar(window.dcPlan.KINDS.map((k) => [`by_rank.${i}.${k}`, r[k], COLORS[k],
         `${KIND_LABELS[k]}: ${T().gib(r[k])} GiB`]), y, height, scale));
