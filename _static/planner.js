@@ -41,7 +41,14 @@
       [["h100", "H100 SXM"], ["h200", "H200 SXM"], ["a100", "A100 SXM"]]],
     ["run", "gpus", "GPUs", "int", 64],
     ["hardware", "gpus_per_node", "GPUs per node", "int", 8],
-    ["hardware", "efficiency", "share of peak FLOP/s", "float", 0.5],
+    ["hardware", "memory_gb", "memory (GB)", "float", 80],
+    ["hardware", "tflops_bf16", "peak TFLOP/s, bf16", "float", 989.5],
+    ["hardware", "tflops_fp32", "peak TFLOP/s, fp32", "float", 67],
+    ["hardware", "efficiency", "share of peak reached", "float", 0.5],
+    ["hardware", "node_gbs", "in-node GB/s (one way)", "float", 450],
+    ["hardware", "network_gbs", "network GB/s", "float", 50],
+    ["hardware", "alpha_node_us", "in-node latency (µs)", "float", 5],
+    ["hardware", "alpha_network_us", "network latency (µs)", "float", 10],
     ["layout", "dp", "data parallel dp", "int", 16],
     ["layout", "tp", "tensor parallel tp", "int", 2],
     ["layout", "pp", "pipeline stages pp", "int", 2],
@@ -57,11 +64,12 @@
     ["layout", "bucket_view", "gradients as bucket views", "check", true],
   ];
   const GROUP_ORDER = [
-    ["Model", ["model:*"]],
-    ["Batch, precision, GPUs", ["run:batch", "policy:*", "hardware:gpu", "run:gpus",
-      "hardware:*"]],
+    ["Model and batch", ["model:*", "run:batch", "policy:*"]],
+    ["GPUs", ["hardware:gpu", "run:gpus", "hardware:*"]],
     ["Layout", ["layout:*"]],
   ];
+  const SHEET_KEYS = ["tflops_fp32", "tflops_bf16", "memory_gb", "node_gbs",
+    "network_gbs", "alpha_node_us", "alpha_network_us", "efficiency", "gpus_per_node"];
 
   function el(tag, attrs, ...children) {
     const e = document.createElement(tag);
@@ -129,9 +137,8 @@
       else if (e.tagName === "SELECT") v[e.name] = e.value;
       else v[e.name] = parse(e.value, e.dataset.kind);
     }
-    const hardware = Object.assign({}, P.GPUS[v.gpu], {
-      efficiency: v.efficiency, gpus_per_node: v.gpus_per_node,
-    });
+    const preset = P.GPUS[v.gpu];
+    const hardware = P.fromSheet(preset.name, preset.source, v);
     const layout = {};
     for (const k of ["dp", "tp", "pp", "micro_batches", "sp", "ckpt", "schedule",
       "virtual", "bucket_view"]) layout[k] = v[k];
@@ -208,9 +215,8 @@
     } else if (MODEL_KEYS.includes(name)) {
       form.elements.preset.value = "custom";
     } else if (name === "gpu") {
-      const hw = window.dcPlan.GPUS[form.elements.gpu.value];
-      form.elements.efficiency.value = String(hw.efficiency);
-      form.elements.gpus_per_node.value = String(hw.gpus_per_node);
+      const sheet = window.dcPlan.SHEETS[form.elements.gpu.value];
+      for (const k of SHEET_KEYS) form.elements[k].value = String(sheet[k]);
     }
     update(form, view);
   }

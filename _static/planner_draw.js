@@ -63,12 +63,12 @@
 
   function summary(p) {
     const { out, gib, seconds } = T();
-    const cap = p.hardware.memory;
+    const cap = Number(p.hardware.memory);
     return [
       "The model has ", out("b", "params", p.params, (Number(p.params) / 1e9).toFixed(2) + " B"),
       " parameters on ", out("b", "gpus", p.gpus, String(p.gpus)), " GPUs. The fullest GPU holds ",
       out("b", "memory.total", p.memory.total, gib(p.memory.total) + " GiB"),
-      ` of its ${gib(cap)} GiB (${Number(cap) / 1e9} GB): `,
+      ` of its ${gib(cap)} GiB (${cap / 1e9} GB): `,
       out("b", "fits", p.fits, p.fits ? "it fits" : "it does not fit", {
         class: p.fits ? "dc-plan-fits" : "dc-plan-over",
       }),
@@ -87,7 +87,7 @@
     const gap = Math.max(2, Math.round(height / 4));
     const top = 18, chart = n * (height + gap);
     const most = ranks.reduce((a, r) => (r.total > a ? r.total : a), 0n);
-    const cap = p.hardware.memory;
+    const cap = Number(p.hardware.memory);
     const scale = (W - LEFT - 10) / Math.max(Number(most), cap);
     const s = svg("svg", {
       viewBox: `0 0 ${W} ${top + chart + 30}`, class: "dc-plan-svg", role: "img",
@@ -110,7 +110,7 @@
         class: inside ? "dc-plan-on-bar" : "", display: height >= 10 ? "inline" : "none",
       }));
     });
-    const x = LEFT + Number(cap) * scale;
+    const x = LEFT + cap * scale;
     s.append(svg("line", { x1: x, x2: x, y1: top - 6, y2: top + chart, class: "dc-plan-cap" }));
     s.append(svg("text", { x: Math.min(x, W - 4), y: top - 8, "text-anchor": "end" },
       `GPU memory ${T().gib(cap)} GiB`));

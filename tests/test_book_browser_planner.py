@@ -15,7 +15,6 @@ fixtures); `make browser` builds the book first.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -26,12 +25,32 @@ from test_book_browser import HEIGHT, WIDTH, browser, site  # noqa: F401 (fixtur
 from distcourse import plan
 
 PAGE = "book/10b_planner_page.html"
-# The form's fields in the order they are typed: the GPU first (choosing one resets
-# the two fields after it), then the rest.
-ORDER = (
-    "gpu gpus_per_node efficiency layers hidden heads seq vocab batch gpus dtype "
-    "reduce optimizer dp tp pp micro_batches schedule virtual zero ckpt sp bucket_view"
+GB = 10**9
+# The form's fields in the order they are typed: the GPU first (choosing one fills
+# the SHEET fields after it with its datasheet figures), then the rest.
+SHEET = (
+    "tflops_fp32 tflops_bf16 memory_gb node_gbs network_gbs alpha_node_us "
+    "alpha_network_us efficiency gpus_per_node"
 ).split()
+ORDER = ["gpu", *SHEET] + (
+    "layers hidden heads seq vocab batch gpus dtype reduce optimizer dp tp pp "
+    "micro_batches schedule virtual zero ckpt sp bucket_view"
+).split()
+# A GPU in the form's units (TFLOP/s, GB, GB/s a direction, microseconds): the
+# figures plan/hardware.py takes from the datasheets (NVLink's halved), 5 and 10 us,
+# half of peak, 8 GPUs a node. Typed unchanged, they give plan.GPUS[gpu] to the bit
+# (test_the_grid_covers_every_setting).
+SHEETS = {
+    gpu: dict(zip(SHEET, (*figures, 5, 10, 0.5, 8), strict=True))
+    for gpu, figures in {
+        "h100": (67, 989.5, 80, 450, 50),
+        "h200": (67, 989.5, 141, 450, 50),
+        "a100": (19.5, 312, 80, 300, 25),
+    }.items()
+}
+CHANGED = dict(  # a GPU of the reader's own figures
+    tflops_fp32=30.5, tflops_bf16=400, memory_gb=40.5, node_gbs=200
+) | dict(network_gbs=12.5, alpha_node_us=2.5, alpha_network_us=20)
 SHAPE = ("layers", "hidden", "heads", "seq", "vocab")
 MODELS = {  # a small GPT, and the shapes of ModelSpec.from_params(7e9), (70e9)
     "small": (8, 512, 8, 1024, 50304),
@@ -65,7 +84,13 @@ def variants(i: int, dp: int, tp: int, pp: int, m: int) -> Iterator[dict[str, An
     the rest over the grid: every value of each meets several layouts."""
     for k in range(4):
         j = i + k
+        gpu = ("h100", "h200", "a100")[j % 3]
+        sheet = SHEETS[gpu] | (CHANGED if j % 5 == 2 else {})
         yield dict(
+            sheet,
+            gpu=gpu,
+            gpus_per_node=(8, 8, 4)[(j // 3) % 3],
+            efficiency=(0.5, 0.5, 0.35)[k % 3],
             zero=str((i + 2 * k) % 4),
             ckpt=("none", "selective", "full")[j % 3],
             sp=tp > 1 and j % 2 == 0,
@@ -73,9 +98,6 @@ def variants(i: int, dp: int, tp: int, pp: int, m: int) -> Iterator[dict[str, An
             reduce=("fp32", "bf16")[(j // 2) % 2],
             optimizer=("adamw", "adamw", "sgd")[j % 3],
             bucket_view=j % 4 == 1,
-            gpu=("h100", "h200", "a100")[j % 3],
-            gpus_per_node=(8, 8, 4)[(j // 3) % 3],
-            efficiency=(0.5, 0.5, 0.35)[k % 3],
             batch=dp * m * (1, 2, 4)[j % 3],
         )
 
@@ -109,6 +131,8 @@ IMPOSSIBLE = (  # each breaks one constraint of plan.check or of an input's own
     dict(vocab=32001),
     dict(seq=4097, sp=True),
     dict(efficiency=0),
+    dict(memory_gb=0),
+    dict(node_gbs=-1),
 )
 CASES = grid() + [dict(BASE, **change) for change in IMPOSSIBLE]
 
@@ -125,15 +149,29 @@ def predict(case: dict[str, Any]) -> dict[str, Any]:
             sp=case["sp"],
             bucket_view=case["bucket_view"],
         )
-        hw = dataclasses.replace(
-            plan.named(case["gpu"]),
-            efficiency=float(case["efficiency"]),
-            gpus_per_node=case["gpus_per_node"],
-        )
+        hw = hardware(case)
         found = plan.predict(model, case["batch"], policy, layout, hw, case["gpus"])
     except ValueError as err:
         return {"error": str(err)}
     return dict(found.to_dict(), params=model.params)
+
+
+def hardware(case: dict[str, Any]) -> plan.Hardware:
+    """The case's GPU, from the form's units as the page converts them."""
+    preset, c = plan.named(case["gpu"]), case
+    return plan.Hardware(
+        name=preset.name,
+        flops_fp32=c["tflops_fp32"] * 1e12,
+        flops_bf16=c["tflops_bf16"] * 1e12,
+        efficiency=float(c["efficiency"]),
+        memory=int(c["memory_gb"] * GB),
+        gpus_per_node=c["gpus_per_node"],
+        alpha_node=c["alpha_node_us"] / 1e6,
+        beta_node=1 / (c["node_gbs"] * GB),
+        alpha_network=c["alpha_network_us"] / 1e6,
+        beta_network=1 / (c["network_gbs"] * GB),
+        source=preset.source,
+    )
 
 
 # Types each case into the form, field by field, and reads what the page shows.
@@ -215,6 +253,8 @@ def test_the_grid_covers_every_setting() -> None:
         assert len({c[key] for c in valid}) == values, key
     errors = {predict(c)["error"] for c in CASES[len(valid) :]}
     assert len(errors) == len(IMPOSSIBLE), errors
+    for gpu, sheet in SHEETS.items():  # the form's units give the presets exactly
+        assert hardware(dict(sheet, gpu=gpu)) == plan.GPUS[gpu]
 
 
 def test_the_page_equals_the_python_planner(page: Any) -> None:

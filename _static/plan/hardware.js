@@ -5,7 +5,6 @@
   const P = (window.dcPlan = window.dcPlan || {});
   const GB = 10 ** 9;
 
-
   function datasheet(name, fp32, bf16, memoryGb, nvlink, nic, url) {
     return {
       name: name,
@@ -30,6 +29,39 @@
     a100: datasheet("A100 SXM 80GB", 19.5, 312, 80, 600, 25,
       "https://www.nvidia.com/en-us/data-center/a100/"),
   };
+
+  /* The planner's form gives a GPU in the datasheets' units: the figures above,
+     as `datasheet` takes them (NVLink a direction: half the datasheet's figure). */
+  const SHEETS = {};
+  for (const [key, [fp32, bf16, memoryGb, nvlink, nic]] of Object.entries({
+    h100: [67, 989.5, 80, 900, 50], h200: [67, 989.5, 141, 900, 50],
+    a100: [19.5, 312, 80, 600, 25],
+  })) {
+    SHEETS[key] = {
+      tflops_fp32: fp32, tflops_bf16: bf16, memory_gb: memoryGb, node_gbs: nvlink / 2,
+      network_gbs: nic, alpha_node_us: 5, alpha_network_us: 10, efficiency: 0.5,
+      gpus_per_node: 8,
+    };
+  }
+
+  /** A Hardware from the form's units (TFLOP/s, GB, GB/s, microseconds), by the
+      operations `datasheet` uses: the presets come out bit for bit equal. */
+  function fromSheet(name, source, f) {
+    const memory = f.memory_gb * GB;
+    return {
+      name: name,
+      flops_fp32: f.tflops_fp32 * 1e12,
+      flops_bf16: f.tflops_bf16 * 1e12,
+      efficiency: f.efficiency,
+      memory: Number.isFinite(memory) ? BigInt(Math.trunc(memory)) : memory,
+      gpus_per_node: f.gpus_per_node,
+      alpha_node: f.alpha_node_us / 1e6,
+      beta_node: 1 / (f.node_gbs * GB),
+      alpha_network: f.alpha_network_us / 1e6,
+      beta_network: 1 / (f.network_gbs * GB),
+      source: source,
+    };
+  }
 
   /** Hardware.rate: FLOP/s a step reaches, the dtype's peak x efficiency. */
   function rate(hw, dtype) {
@@ -58,5 +90,5 @@
     return hw;
   }
 
-  Object.assign(P, { GB, GPUS, rate, link, hardwareCheck });
+  Object.assign(P, { GB, GPUS, SHEETS, fromSheet, rate, link, hardwareCheck });
 })();

@@ -27,14 +27,25 @@
   const CKPT = ["none", "selective", "full"];
   const SCHEDULES = ["gpipe", "1f1b", "interleaved"];
 
+  /** Python's repr of a float: the same shortest digits as JavaScript's, written
+      1e-05 / 1e+16 where Python switches to an exponent (below 1e-4, from 1e16). */
+  function floatRepr(x) {
+    if (Number.isNaN(x)) return "nan";
+    if (!Number.isFinite(x)) return x > 0 ? "inf" : "-inf";
+    const [digits, exp] = x.toExponential().split("e");
+    const e = Number(exp);
+    if (e < -4 || e >= 16) {
+      return `${digits}e${e < 0 ? "-" : "+"}${String(Math.abs(e)).padStart(2, "0")}`;
+    }
+    return Number.isInteger(x) ? x.toFixed(0) + ".0" : String(x);
+  }
+
   /** Python's repr of what the reader typed: 3, 1.5, 'abc', None. */
   function repr(value) {
     if (value === null || value === undefined) return "None";
     if (typeof value === "boolean") return value ? "True" : "False";
     if (typeof value === "bigint") return value.toString();
-    if (typeof value === "number") {
-      return Number.isInteger(value) ? value.toFixed(0) + ".0" : String(value);
-    }
+    if (typeof value === "number") return floatRepr(value);
     return "'" + String(value) + "'";
   }
 
@@ -168,6 +179,6 @@
 
   Object.assign(P, {
     KINDS, DTYPES, OPTIMIZERS, CKPT, SCHEDULES,
-    repr, count, choice, modelSpec, params, dtypePolicy, planLayout, check,
+    floatRepr, repr, count, choice, modelSpec, params, dtypePolicy, planLayout, check,
   });
 })();
