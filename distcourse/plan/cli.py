@@ -6,7 +6,8 @@
     python -m distcourse.plan --explain     # every formula the planner uses
 
 Layout keys: dp, tp, pp, m (micro-batches), zero, sp, ckpt, schedule, v (stages per
-rank), bucket_view; 0/1 or true/false for sp and bucket_view. The hardware is a
+rank), bucket_view; 0/1 or true/false for sp and bucket_view. `--fix zero=3,tp=8`
+searches only the layouts with those values. The hardware is a
 datasheet GPU (--gpu h100 | h200 | a100) whose figures --flops, --alpha, --beta,
 --memory-gb, --efficiency, --gpus-per-node replace (e.g. with chapter 2's fit).
 An impossible input prints one line naming the constraint and exits with 2.
@@ -18,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from typing import NoReturn
 
 from distcourse import tables
 from distcourse.plan import hardware, memory, prediction, spec, timing
@@ -29,6 +31,11 @@ LAYOUT_KEYS = {"m": "micro_batches", "v": "virtual"}
 
 def parse_layout(text: str) -> spec.PlanLayout:
     """'dp=2,tp=2,pp=2,m=4,zero=1,sp=1,ckpt=full' -> PlanLayout."""
+    return spec.PlanLayout.from_dict(parse_fields(text))
+
+
+def parse_fields(text: str) -> dict[str, object]:
+    """'dp=2,zero=1,sp=1' -> {'dp': 2, 'zero': 1, 'sp': True} (PlanLayout keys)."""
     values: dict[str, object] = {}
     for item in filter(None, text.split(",")):
         key, sep, raw = item.partition("=")
@@ -47,11 +54,19 @@ def parse_layout(text: str) -> spec.PlanLayout:
                 values[key] = int(raw)
             except ValueError:
                 raise ValueError(f"{key} must be an integer, got {raw!r}") from None
-    return spec.PlanLayout.from_dict(values)
+    return values
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are ValueErrors: `main` prints them as one
+    line and exits with 2, as it does an impossible layout."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m distcourse.plan", description=__doc__.split("\n")[0]
     )
     p.add_argument("--params", type=float, help="parameters (a GPT shape is derived)")
@@ -62,6 +77,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=256, help="global batch, sequences")
     p.add_argument("--gpus", type=int)
     p.add_argument("--layout", help="one layout: dp=8,tp=8,pp=1,m=1,zero=1,...")
+    p.add_argument("--fix", help="search only layouts with these: zero=3,ckpt=full")
     p.add_argument("--dtype", choices=spec.DTYPES, default="bf16")
     p.add_argument("--reduce", choices=spec.DTYPES, help="gradient reduce dtype")
     p.add_argument("--optimizer", choices=spec.OPTIMIZERS, default="adamw")
@@ -117,6 +133,7 @@ def table(found: list[Prediction]) -> str:
     name, size = unit(max(p.memory["total"] for p in found))
     head = (
         "dp x tp x pp",
+        "schedule",
         "m",
         "zero",
         "sp",
@@ -141,6 +158,7 @@ def table(found: list[Prediction]) -> str:
         rows.append(
             (
                 L.name,
+                L.schedule if L.virtual == 1 else f"{L.schedule} v={L.virtual}",
                 L.micro_batches,
                 L.zero,
                 int(L.sp),
@@ -175,7 +193,9 @@ def run(argv: list[str]) -> str:
     else:
         if args.gpus is None:
             raise ValueError("give --gpus (or one --layout)")
-        found = prediction.search(model, args.batch, policy, hw, args.gpus)[: args.top]
+        fixed = parse_fields(args.fix) if args.fix else None
+        found = prediction.search(model, args.batch, policy, hw, args.gpus, fixed)
+        found = found[: args.top]
     if args.json:
         return json.dumps([p.to_dict() for p in found], indent=1)
     lines = [

@@ -183,15 +183,23 @@ def local(
 
 
 def matmul_rate(
-    size: int = 256, repeats: int = 20, dtype: torch.dtype = torch.float32
+    size: int = 256,
+    repeats: int = 20,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
 ) -> float:
-    """FLOP/s of a (size x size) @ (size x size) matmul on this process's threads:
-    2 size^3 per product, the median of `repeats` after one warm-up."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    """FLOP/s of a (size x size) @ (size x size) matmul on `device` (on CPU, this
+    process's threads): 2 size^3 per product, the median of `repeats` after one
+    warm-up (a GPU is synchronized around each)."""
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
+    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
     torch.mm(a, b)
     times = []
     for _ in range(repeats):
+        sync()
         start = time.perf_counter()
         torch.mm(a, b)
+        sync()
         times.append(time.perf_counter() - start)
     return 2 * size**3 / sorted(times)[repeats // 2]

@@ -60,7 +60,8 @@ micro-batch of b sequences on stage k; N = n // t with sp, n without:
 
 Peak over the step on pipeline rank r, with U_k that micro-batch count:
 
-    p = 1 or GPipe   m x U_r
+    p = 1            U_r (gradient accumulation: one micro-batch at a time)
+    GPipe            m x U_r
     1F1B             min(m, p - r) x U_r
     interleaved      a walk over the rank's actions (`in_flight_bytes`): with
                      g = m // max(1, m // p) micro-batches a round, T = m v,
@@ -161,7 +162,9 @@ def stage_activation_bytes(
 def in_flight(layout: PlanLayout, rank: int) -> int:
     """Micro-batches (GPipe, 1F1B) or stage units (interleaved) held at the peak."""
     p, m, v = layout.pp, layout.micro_batches, layout.virtual
-    if p == 1 or layout.schedule == "gpipe":
+    if p == 1:  # gradient accumulation: one micro-batch at a time
+        return 1
+    if layout.schedule == "gpipe":
         return m
     if layout.schedule == "1f1b":
         return min(m, p - rank)

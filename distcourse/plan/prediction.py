@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,42 +120,67 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
+DEGREES = ("dp", "tp", "pp", "micro_batches")
+
+
 def candidates(
-    model: ModelSpec, batch: int, gpus: int, hw: Hardware
+    model: ModelSpec,
+    batch: int,
+    gpus: int,
+    hw: Hardware,
+    fixed: dict[str, Any] | None = None,
 ) -> list[PlanLayout]:
-    """Every layout worth trying on `gpus`: tp within a node; m from pp to 4 pp
-    (divisors of the share) under 1F1B; with tp > 1 sequence parallelism on;
-    ZeRO 0-3; checkpointing none, selective, full. Impossible ones are left out."""
-    found = []
+    """Every layout worth trying on `gpus`: tp within a node; m any divisor of the
+    share (at least pp: 1F1B, or interleaved 1F1B with 2 stages per rank; with
+    pp = 1, gradient accumulation); with tp > 1 sequence parallelism on;
+    gradients as bucket views; ZeRO 0-3; checkpointing none, selective, full.
+    `fixed` (PlanLayout keys) keeps the degrees it names and sets the other
+    fields. Impossible layouts are left out."""
+    fixed = dict(fixed or {})
+    PlanLayout.from_dict(fixed)  # unknown keys and bad values, by name
+    keep = {k: fixed.pop(k) for k in DEGREES if k in fixed}
+    found: list[PlanLayout] = []
     for dp, tp in itertools.product(divisors(gpus), divisors(gpus)):
         if gpus % (dp * tp) or tp > hw.gpus_per_node:
             continue
         pp = gpus // (dp * tp)
         share = batch // dp if batch % dp == 0 else 0
-        ms = [1] if pp == 1 else [m for m in divisors(share) if pp <= m <= 4 * pp]
-        for m, zero, ckpt in itertools.product(ms, range(4), CKPT):
-            layout = PlanLayout(dp, tp, pp, m, zero, tp > 1, ckpt, "1f1b", 1, True)
+        ms = [m for m in divisors(share) if m >= pp]
+        runs = [("1f1b", 1), ("interleaved", 2)] if pp > 1 else [("1f1b", 1)]
+        for m, zero, ckpt, (schedule, v) in itertools.product(ms, range(4), CKPT, runs):
+            plain = PlanLayout(dp, tp, pp, m, zero, tp > 1, ckpt, schedule, v, True)
+            layout = dataclasses.replace(plain, **fixed)
+            if any(getattr(layout, k) != v for k, v in keep.items()):
+                continue
             try:
                 check(model, batch, layout, gpus)
             except ValueError:
                 continue
-            found.append(layout)
+            if layout not in found:
+                found.append(layout)
     return found
 
 
 def search(
-    model: ModelSpec, batch: int, policy: DTypePolicy, hw: Hardware, gpus: int
+    model: ModelSpec,
+    batch: int,
+    policy: DTypePolicy,
+    hw: Hardware,
+    gpus: int,
+    fixed: dict[str, Any] | None = None,
 ) -> list[Prediction]:
     """Predictions of every candidate layout that fits, fastest first (ties: less
     memory). ValueError if the model and batch admit no layout on `gpus` at all."""
     every = [
         predict(model, batch, policy, lay, hw)
-        for lay in candidates(model, batch, gpus, hw)
+        for lay in candidates(model, batch, gpus, hw, fixed)
     ]
     if not every:
         raise ValueError(
-            f"no layout of {gpus} GPUs suits this model and batch: check that the "
-            "batch divides by the data-parallel degree and heads, layers by tp, pp"
+            f"no layout of {gpus} GPUs suits this model and batch"
+            + (f" with {fixed}" if fixed else "")
+            + ": check that the batch divides by dp x micro-batches, heads and "
+            "vocab by tp, layers by pp"
         )
     fitting = [p for p in every if p.fits]
     return sorted(fitting, key=lambda p: (p.time["total"], p.memory["total"]))

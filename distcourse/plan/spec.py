@@ -231,8 +231,12 @@ def check(
     vocabulary split by TP); with sp, tp divides seq; pp divides layers (equal
     stages; at most one stage per block); with interleaving, pp x virtual divides
     layers and virtual >= 2; virtual > 1 only for interleaved; the batch divides
-    into dp shares of micro_batches equal micro-batches; micro_batches > 1 needs
-    pp > 1; 1F1B and interleaved need micro_batches >= pp.
+    into dp shares of micro_batches equal micro-batches; with pp > 1, 1F1B and
+    interleaved need micro_batches >= pp, interleaving needs pp > 1 and m to
+    split into m // pp equal rounds (`pipeline.schedules.interleaved`). (With
+    pp = 1, micro_batches > 1 is gradient accumulation: the micro-batches run
+    one after another, their gradients summed before one reduction. The package's
+    HybridGPT takes micro-batches only with a pipeline.)
     """
     _count(batch, "batch")
     L = layout
@@ -270,8 +274,14 @@ def check(
         raise ValueError(
             f"virtual={L.virtual} stages per rank needs schedule=interleaved"
         )
-    if L.micro_batches > 1 and L.pp == 1:
-        raise ValueError(f"micro_batches={L.micro_batches} needs a pipeline: pp=1")
+    if L.schedule == "interleaved" and L.pp == 1:
+        raise ValueError("the interleaved schedule needs a pipeline: pp=1")
+    rounds = max(1, L.micro_batches // L.pp)
+    if L.schedule == "interleaved" and L.micro_batches % rounds:
+        raise ValueError(
+            f"interleaved 1F1B runs micro-batches in m // pp = {rounds} equal rounds:"
+            f" micro_batches={L.micro_batches} does not split into {rounds}"
+        )
     if L.pp > 1 and L.schedule != "gpipe" and L.micro_batches < L.pp:
         raise ValueError(
             f"{L.schedule} needs micro_batches >= pp: {L.micro_batches} < pp={L.pp}"
