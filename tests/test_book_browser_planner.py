@@ -76,6 +76,8 @@ LAYOUTS = (
     (1, 1, 2, 2, "gpipe", 1, "7b"),
     (3, 1, 2, 3, "gpipe", 1, "small"),
     (2, 8, 8, 16, "interleaved", 4, "7b"),
+    (4, 1, 1, 4, "1f1b", 1, "small"),  # gradient accumulation
+    (1, 1, 2, 6, "interleaved", 2, "small"),  # 3 rounds of 2
 )
 
 
@@ -120,7 +122,8 @@ IMPOSSIBLE = (  # each breaks one constraint of plan.check or of an input's own
     dict(pp=64, dp=1, tp=1, sp=False, micro_batches=64, gpus=64, batch=64),
     dict(pp=3, tp=1, sp=False, micro_batches=3, gpus=12, batch=12),
     dict(sp=True, tp=1, gpus=8),
-    dict(pp=1, micro_batches=2, gpus=8),
+    dict(pp=1, gpus=8, schedule="interleaved", virtual=2),
+    dict(schedule="interleaved", virtual=2, micro_batches=5),
     dict(micro_batches=1, batch=4),
     dict(batch=30),
     dict(batch=24, micro_batches=4),

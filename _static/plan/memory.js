@@ -97,7 +97,8 @@
   /** Micro-batches (GPipe, 1F1B) or stage units (interleaved) held at the peak. */
   function inFlight(layout, rank) {
     const p = layout.pp, m = layout.micro_batches, v = layout.virtual;
-    if (p === 1n || layout.schedule === "gpipe") return m;
+    if (p === 1n) return 1n; // gradient accumulation: one micro-batch at a time
+    if (layout.schedule === "gpipe") return m;
     if (layout.schedule === "1f1b") return m < p - rank ? m : p - rank;
     const total = m * v;
     if (m === p) return total;

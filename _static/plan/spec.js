@@ -158,8 +158,16 @@
     if (L.schedule !== "interleaved" && L.virtual > 1n) {
       throw new Error(`virtual=${L.virtual} stages per rank needs schedule=interleaved`);
     }
-    if (L.micro_batches > 1n && L.pp === 1n) {
-      throw new Error(`micro_batches=${L.micro_batches} needs a pipeline: pp=1`);
+    if (L.schedule === "interleaved" && L.pp === 1n) {
+      throw new Error("the interleaved schedule needs a pipeline: pp=1");
+    }
+    const perRound = L.micro_batches / L.pp;
+    const rounds = perRound > 1n ? perRound : 1n;
+    if (L.schedule === "interleaved" && L.micro_batches % rounds) {
+      throw new Error(
+        `interleaved 1F1B runs micro-batches in m // pp = ${rounds} equal rounds:` +
+          ` micro_batches=${L.micro_batches} does not split into ${rounds}`
+      );
     }
     if (L.pp > 1n && L.schedule !== "gpipe" && L.micro_batches < L.pp) {
       throw new Error(
