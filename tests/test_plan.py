@@ -202,12 +202,16 @@ def test_cli_bad_input_is_one_line_and_exit_code_2(
 
 def test_search_ranks_layouts_that_fit_fastest_first() -> None:
     policy = plan.DTypePolicy("bf16")
-    found = plan.search(plan.ModelSpec.from_params(7e9), 256, policy, H100, 64)
+    found = plan.search(plan.ModelSpec.from_params(7e9), 64, policy, H100, 16)
     assert found and all(p.fits for p in found)
     times = [p.time["total"] for p in found]
     assert times == sorted(times)
-    assert all(p.layout.tp <= 8 and p.layout.gpus == 64 for p in found)
-    out = cli.run(["--params", "7e9", "--gpus", "64", "--top", "3"])
+    assert all(p.layout.tp <= 8 and p.layout.gpus == 16 for p in found)
+    fixed = plan.search(
+        plan.ModelSpec.from_params(7e9), 64, policy, H100, 16, dict(zero=3, tp=4)
+    )
+    assert fixed and all(p.layout.zero == 3 and p.layout.tp == 4 for p in fixed)
+    out = cli.run(["--params", "7e9", "--gpus", "16", "--batch", "64", "--top", "3"])
     assert len(out.splitlines()) == 2 + 1 + 3  # model, hardware, header, 3 rows
 
 
