@@ -191,10 +191,11 @@
     let p;
     try {
       const { data, gpus } = readInputs(form);
+      if (typeof gpus !== "bigint") window.dcPlan.count(gpus, "gpus"); // a blank field
       p = window.dcPlan.predict(data, gpus);
     } catch (err) {
       view.error.replaceChildren(
-        "This layout is impossible: ",
+        "Impossible: ",
         out("span", "error", err.message, err.message)
       );
       view.error.hidden = false;
