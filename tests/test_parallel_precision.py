@@ -18,6 +18,7 @@ from distcourse.parallel.precision import (
     held_formula,
     reduction_error,
 )
+from distcourse.parallel.tensor import saved_activation_bytes
 
 STEPS, BATCH = 12, 4
 
@@ -106,3 +107,12 @@ def test_bad_input_is_refused_before_any_message() -> None:
         MixedPrecision(TinyGPT().to(BF16))
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         MixedPrecision(TinyGPT(), reduce_dtype=torch.float16)
+
+
+def test_autocast_over_fp32_weights_keeps_a_bf16_copy_of_each_for_backward() -> None:
+    # what the module docstring says of torch's everyday form
+    layer, x = torch.nn.Sequential(torch.nn.Linear(64, 64)), torch.randn(8, 64)
+    x.requires_grad_()
+    with torch.autocast("cpu", dtype=BF16):
+        kept = sum(saved_activation_bytes(layer, x).values())
+    assert kept == 2 * 64 * 64 + 2 * 8 * 64  # the weight's bf16 copy and the input
