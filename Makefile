@@ -86,18 +86,22 @@ lint: venv
 UNIT_WORKERS ?= 2
 UNIT_ARGS = $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS) --dist loadfile)
 
+# The browser tests need the built book: `make browser` runs them.
+BROWSER_TESTS := tests/test_book_browser.py tests/test_book_browser_planner.py
+
 unit: venv
-	$(PY) -m pytest tests --ignore=tests/test_book_browser.py $(UNIT_ARGS)
+	$(PY) -m pytest tests $(addprefix --ignore=,$(BROWSER_TESTS)) $(UNIT_ARGS)
 
 notebooks: venv
 	$(PY) -m pytest book --nbval --nbval-current-env \
 		--nbval-sanitize-with book/nbval.cfg --nbval-cell-timeout $(NB_TIMEOUT)
 
-# The built book in headless Chromium at 1280x900 (tests/test_book_browser.py): builds
-# it from the stored outputs first. Needs the system's chromium (README, "The browser
-# test"); nothing is downloaded at run time.
+# The built book in headless Chromium at 1280x900 (tests/test_book_browser.py), and the
+# planner page's numbers against distcourse.plan (tests/test_book_browser_planner.py):
+# builds it from the stored outputs first. Needs the system's chromium (README, "The
+# browser test"); nothing is downloaded at run time.
 browser: chromium book
-	$(PY) -m pytest tests/test_book_browser.py
+	$(PY) -m pytest $(BROWSER_TESTS)
 
 # Chromium for the browser test: found, installed (root with apt-get), or a one-line
 # instruction and a stop, before the long steps of `make test` begin.
@@ -128,7 +132,7 @@ $(COMPAT_VENV)/.installed: pyproject.toml $(LOCK)
 
 test-compat: $(COMPAT_VENV)/.installed
 	DISTCOURSE_LOCK=$(COMPAT_LOCK) $(COMPAT_PY) -m pytest tests \
-		--ignore=tests/test_book_browser.py $(UNIT_ARGS)
+		$(addprefix --ignore=,$(BROWSER_TESTS)) $(UNIT_ARGS)
 
 # `notebooks` also checks every verdict the chapters print (conftest.py): the CPU
 # side of `make test-gpu`, on the outputs nbval has just executed.

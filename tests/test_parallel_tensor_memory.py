@@ -7,13 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distcourse.examples.gpt import Block, GPTConfig
+from distcourse import plan
+from distcourse.examples.gpt import Block, GPTConfig, TinyGPT, lm_loss, token_batches
 from distcourse.launch import spawn
 from distcourse.parallel.tensor import (
     block_activation_bytes,
     block_memory,
     korthikanti_bytes,
+    layer_activation_bytes,
     parallelize_block,
+    saved_activation_bytes,
+    step_activation_bytes,
 )
 
 B, T, H, HEADS = 2, 8, 16, 4
@@ -62,3 +66,48 @@ def test_korthikanti_divides_everything_by_t_with_sequence_parallelism() -> None
     alone = korthikanti_bytes(b, s, h, a)
     assert alone == s * b * h * (34 + 5 * a * s / h)
     assert korthikanti_bytes(b, s, h, a, 8, sp=True) == pytest.approx(alone / 8)
+
+
+def test_the_general_formula_is_korthikantis_under_the_papers_assumptions() -> None:
+    s, b, h, a = 2048, 1, 12288, 96  # 16-bit values, 1-byte masks, scores kept
+    paper = dict(value_bytes=2, mask_bytes=1, scores_kept=True, norm_stats=False)
+    for t, sp in ((1, False), (8, False), (8, True)):
+        got = layer_activation_bytes(
+            b, s, h, a, t, sequence_parallel=sp, keep_gathered=False, **paper
+        )
+        assert sum(got.values()) == korthikanti_bytes(b, s, h, a, t, sp)
+    selective = layer_activation_bytes(b, s, h, a, recompute="selective", **paper)
+    assert sum(selective.values()) == 34 * s * b * h  # the paper's sbh 34
+    full = layer_activation_bytes(b, s, h, a, 8, sequence_parallel=True, **paper)
+    assert full["scores"] == s * b * h * 5 * a * s / h / 8
+
+
+def test_the_general_formula_is_ours_and_measures_dropouts_masks() -> None:
+    block, x = _block()
+    for t, sp in ((1, False), (4, False), (4, True)):
+        ours = layer_activation_bytes(B, T, H, HEADS, t, sequence_parallel=sp)
+        assert sum(ours.values()) == sum(
+            block_activation_bytes(B, T, H, HEADS, t, sequence_parallel=sp).values()
+        )
+    torch.manual_seed(0)
+    dropping = Block(GPTConfig(n_embd=H, n_head=HEADS, dropout=0.1))
+    measured = saved_activation_bytes(dropping, x.clone().requires_grad_())
+    # on CPU, torch's dropout keeps a mask as wide as the values (4 bytes, not 1)
+    want = layer_activation_bytes(B, T, H, HEADS, mask_bytes=4)
+    assert sum(measured.values()) == sum(want.values())
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        layer_activation_bytes(B, T, H, HEADS, recompute="some")
+
+
+def test_a_whole_steps_activations_equal_the_planners() -> None:
+    cfg = GPTConfig(vocab=32, block_size=8, n_layer=2, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    x, y = token_batches(1, 4, cfg)[0]
+    x = x.contiguous()  # a slice would count its whole storage
+    got = step_activation_bytes(TinyGPT(cfg), lambda m: lm_loss(m(x), y))
+    fp32 = plan.DTypePolicy("fp32", "fp32", "adamw")
+    layout = plan.PlanLayout(dp=1)
+    want = plan.predict(
+        plan.ModelSpec.from_config(cfg), 4, fp32, layout, plan.named("h100")
+    )
+    assert got == want.memory["activations"]

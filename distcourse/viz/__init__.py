@@ -4,13 +4,15 @@ sends forward and backward), `mesh` (ranks on a device mesh, their groups per ax
 bytes per axis, costs per layout), `sharding` (who holds which model state under
 ZeRO's stages; memory held against bytes sent), `experts` (tokens dispatched
 between ranks; the load per expert against its capacity), `context` (ring
-attention: the ring, the sequence split, the causal blocks per rank). Every
-function returns a matplotlib Figure and never calls plt.show().
+attention: the ring, the sequence split, the causal blocks per rank), `memory`
+(loss curves side by side; a rank's memory stacked by kind). Every function
+returns a matplotlib Figure and never calls plt.show().
 """
 
 from distcourse.viz.context import ring_blocks
 from distcourse.viz.duality import conversion_bytes
 from distcourse.viz.experts import dispatch_matrix, expert_load
+from distcourse.viz.memory import loss_curves, memory_stacks
 from distcourse.viz.mesh import axis_bytes, layout_costs, mesh_groups
 from distcourse.viz.sharding import (
     bytes_against_ranks,
@@ -29,6 +31,8 @@ __all__ = [
     "gantt",
     "hidden_sweep",
     "layout_costs",
+    "loss_curves",
+    "memory_stacks",
     "bytes_against_ranks",
     "memory_for_communication",
     "mesh_groups",

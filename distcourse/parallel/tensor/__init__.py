@@ -12,8 +12,10 @@
 - `cost`: wire bytes per sub-layer by formula (sublayer_wire_bytes) and by ledger
   (step_ledger);
 - `memory`: a block's activation memory, measured with saved-tensor hooks
-  (block_memory, saved_activation_bytes) and by formula (block_activation_bytes,
-  korthikanti_bytes).
+  (block_memory, saved_activation_bytes; a whole step's: step_activation_bytes)
+  and by formula (block_activation_bytes,
+  korthikanti_bytes, and layer_activation_bytes: both as one formula, with
+  recompute).
 """
 
 from distcourse.parallel.tensor.blocks import (
@@ -33,7 +35,9 @@ from distcourse.parallel.tensor.memory import (
     block_activation_bytes,
     block_memory,
     korthikanti_bytes,
+    layer_activation_bytes,
     saved_activation_bytes,
+    step_activation_bytes,
 )
 from distcourse.parallel.tensor.model import (
     full_state_dict,
@@ -62,6 +66,7 @@ __all__ = [
     "full_state_dict",
     "gradient_differences",
     "korthikanti_bytes",
+    "layer_activation_bytes",
     "load_checkpoint",
     "load_full_state_dict",
     "parallelize_block",
@@ -69,6 +74,7 @@ __all__ = [
     "save_checkpoint",
     "saved_activation_bytes",
     "shard_of",
+    "step_activation_bytes",
     "step_ledger",
     "sublayer_wire_bytes",
     "vocab_parallel_cross_entropy",

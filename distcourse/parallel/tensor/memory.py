@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -96,6 +96,27 @@ def saved_activation_bytes(block: nn.Module, x: Tensor) -> dict[str, int]:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             block(x)
     return {k: v for k, v in counts.items() if v or k != "(block)"}
+
+
+def step_activation_bytes(
+    model: nn.Module, loss_of: Callable[[nn.Module], Tensor]
+) -> int:
+    """Bytes autograd keeps for backward during `loss_of(model)`, a whole forward
+    and its loss: each storage once, parameters left out (as
+    `saved_activation_bytes`, without the split by sub-module). Pass inputs as
+    tensors of their own: a slice would count its whole storage."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss_of(model)
+    return sum(seen.values())
 
 
 @contextmanager
@@ -168,3 +189,66 @@ def korthikanti_bytes(
     if sp:
         return s * b * h / t * (34 + scores)
     return s * b * h * (10 + 24 / t + scores / t)
+
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+def layer_activation_bytes(
+    batch: int,
+    seq: int,
+    width: int,
+    heads: int,
+    tp: int = 1,
+    *,
+    sequence_parallel: bool = False,
+    value_bytes: int = 4,
+    mask_bytes: int = 0,
+    scores_kept: bool = False,
+    norm_stats: bool = True,
+    recompute: str = "none",
+    keep_gathered: bool = True,
+) -> dict[str, int]:
+    """One layer's activation bytes by term, for any dtype, dropout and recompute.
+
+    Korthikanti et al.'s count and ours are one formula with four switches, so the
+    paper's sbh(34 + 5as/h) is derived here, not quoted. Per token and t = 1:
+
+        norms       2 (h + 2 stats) values; the paper omits the stats
+        attn, mlp   (1 + 3 + 1) h and (1 + 4 + 4) h values; a dropout mask of h
+                    after each (mask_bytes a value: 1 in a fused CUDA kernel)
+        scores      kept: a s values of softmax output, with dropout also its
+                    mask and its output; fused (FlashAttention, torch's SDPA):
+                    a log-sum-exp per head instead
+
+    The paper's assumptions (value_bytes=2, mask_bytes=1, scores_kept=True,
+    norm_stats=False) give 34h + 5as bytes per token; ours (4, 0, False, True)
+    give 4 (16h + a + 4), as `block_activation_bytes` and the hooks say. Tensor
+    parallelism divides what lies between a column and a row layer by t; sequence
+    parallelism the norms, and the column layers' inputs unless keep_gathered (ours
+    keep the all-gathered input; Megatron-LM keeps its part and gathers it again).
+    Recompute "selective" drops the scores (Korthikanti's attention core), "full"
+    keeps only the layer's input (split by t with sequence parallelism).
+    """
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    for name, value in (("heads", heads), ("width", width)):
+        if value % tp:
+            raise ValueError(f"{name}={value} is not divisible by tensor-parallel {tp}")
+    if sequence_parallel and seq % tp:
+        raise ValueError(f"seq={seq} is not divisible by tensor-parallel size {tp}")
+    h, a, s, v, m = width, heads, seq, value_bytes, mask_bytes
+    tokens, split = batch * seq, (tp if sequence_parallel else 1)
+    if recompute == "full":
+        return {"input": tokens * h * v // split}
+    stats = 2 if norm_stats else 0
+    norm = tokens * ((h + stats) * v) // split
+    per_head = s * (2 * v + m if m else v) if scores_kept else v  # bytes a token
+    col_in = h * v if keep_gathered else h * v // split  # a column layer's input
+    return {
+        "ln1": norm,
+        "attn": tokens * (col_in + 4 * h * v // tp + h * m // split),
+        "scores": 0 if recompute == "selective" else tokens * a // tp * per_head,
+        "ln2": norm,
+        "mlp": tokens * (col_in + 8 * h * v // tp + h * m // split),
+    }

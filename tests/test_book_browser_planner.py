@@ -1,0 +1,292 @@
+"""The planner page of the built book against `distcourse.plan`, in a real browser.
+
+book/10b_planner_page.md runs a JavaScript port of the package's formulas
+(_static/plan/*.js). This test is what keeps the two equal: in one page load it
+types each input set of a deterministic grid (CASES: every degree, schedule,
+ZeRO stage, checkpointing, sequence parallelism, dtype policy, GPU and model
+preset, and impossible layouts) into the page's form as a reader would (a value,
+then an input event, field by field), reads every number the page shows (each
+carries its exact value in data-key / data-value), and compares them with
+`plan.predict(...).to_dict()`: byte, FLOP and GPU counts exactly, seconds, tokens/s
+and MFU to a relative 1e-9; for an impossible layout, the page's message must be
+the ValueError's. Served and driven as tests/test_book_browser.py does (its
+fixtures); `make browser` builds the book first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from test_book_browser import HEIGHT, WIDTH, browser, site  # noqa: F401 (fixtures)
+
+from distcourse import plan
+
+PAGE = "book/10b_planner_page.html"
+GB = 10**9
+# The form's fields in the order they are typed: the GPU first (choosing one fills
+# the SHEET fields after it with its datasheet figures), then the rest.
+SHEET = (
+    "tflops_fp32 tflops_bf16 memory_gb node_gbs network_gbs alpha_node_us "
+    "alpha_network_us efficiency gpus_per_node"
+).split()
+ORDER = ["gpu", *SHEET] + (
+    "layers hidden heads seq vocab batch gpus dtype reduce optimizer dp tp pp "
+    "micro_batches schedule virtual zero ckpt sp bucket_view"
+).split()
+# A GPU in the form's units (TFLOP/s, GB, GB/s a direction, microseconds): the
+# figures plan/hardware.py takes from the datasheets (NVLink's halved), 5 and 10 us,
+# half of peak, 8 GPUs a node. Typed unchanged, they give plan.GPUS[gpu] to the bit
+# (test_the_grid_covers_every_setting).
+SHEETS = {
+    gpu: dict(zip(SHEET, (*figures, 5, 10, 0.5, 8), strict=True))
+    for gpu, figures in {
+        "h100": (67, 989.5, 80, 450, 50),
+        "h200": (67, 989.5, 141, 450, 50),
+        "a100": (19.5, 312, 80, 300, 25),
+    }.items()
+}
+CHANGED = dict(  # a GPU of the reader's own figures
+    tflops_fp32=30.5, tflops_bf16=400, memory_gb=40.5, node_gbs=200
+) | dict(network_gbs=12.5, alpha_node_us=2.5, alpha_network_us=20)
+SHAPE = ("layers", "hidden", "heads", "seq", "vocab")
+MODELS = {  # a small GPT, and the shapes of ModelSpec.from_params(7e9), (70e9)
+    "small": (8, 512, 8, 1024, 50304),
+    "7b": (32, 4096, 32, 4096, 32000),
+    "70b": (68, 9216, 72, 4096, 32000),
+}
+PRESETS = {"1b": 1e9, "7b": 7e9, "13b": 13e9, "70b": 70e9, "175b": 175e9}
+# dp, tp, pp, micro-batches, schedule, stages per rank, model
+LAYOUTS = (
+    (1, 1, 1, 1, "1f1b", 1, "small"),
+    (8, 1, 1, 1, "1f1b", 1, "7b"),
+    (2, 4, 1, 1, "1f1b", 1, "small"),
+    (1, 8, 1, 1, "1f1b", 1, "70b"),
+    (4, 2, 2, 4, "1f1b", 1, "7b"),
+    (2, 2, 4, 4, "gpipe", 1, "small"),
+    (1, 1, 8, 8, "1f1b", 1, "small"),
+    (2, 1, 4, 8, "interleaved", 2, "7b"),
+    (1, 2, 2, 4, "interleaved", 2, "small"),
+    (16, 2, 2, 8, "1f1b", 1, "7b"),
+    (8, 8, 1, 1, "1f1b", 1, "70b"),
+    (4, 8, 4, 16, "1f1b", 1, "70b"),
+    (64, 1, 1, 1, "1f1b", 1, "small"),
+    (1, 1, 2, 2, "gpipe", 1, "7b"),
+    (3, 1, 2, 3, "gpipe", 1, "small"),
+    (2, 8, 8, 16, "interleaved", 4, "7b"),
+    (4, 1, 1, 4, "1f1b", 1, "small"),  # gradient accumulation
+    (1, 1, 2, 6, "interleaved", 2, "small"),  # 3 rounds of 2
+)
+
+
+def variants(i: int, dp: int, tp: int, pp: int, m: int) -> Iterator[dict[str, Any]]:
+    """Four settings per layout, turning ZeRO, checkpointing, dtypes, the GPU and
+    the rest over the grid: every value of each meets several layouts."""
+    for k in range(4):
+        j = i + k
+        gpu = ("h100", "h200", "a100")[j % 3]
+        sheet = SHEETS[gpu] | (CHANGED if j % 5 == 2 else {})
+        yield dict(
+            sheet,
+            gpu=gpu,
+            gpus_per_node=(8, 8, 4)[(j // 3) % 3],
+            efficiency=(0.5, 0.5, 0.35)[k % 3],
+            zero=str((i + 2 * k) % 4),
+            ckpt=("none", "selective", "full")[j % 3],
+            sp=tp > 1 and j % 2 == 0,
+            dtype=("fp32", "bf16")[k % 2],
+            reduce=("fp32", "bf16")[(j // 2) % 2],
+            optimizer=("adamw", "adamw", "sgd")[j % 3],
+            bucket_view=j % 4 == 1,
+            batch=dp * m * (1, 2, 4)[j % 3],
+        )
+
+
+def grid() -> list[dict[str, Any]]:
+    """The valid input sets: each layout of LAYOUTS in four settings."""
+    cases = []
+    for i, (dp, tp, pp, m, schedule, virtual, model) in enumerate(LAYOUTS):
+        fixed = dict(zip(SHAPE, MODELS[model], strict=True), dp=dp, tp=tp, pp=pp)
+        fixed.update(micro_batches=m)
+        fixed.update(schedule=schedule, virtual=virtual, gpus=dp * tp * pp)
+        cases += [dict(v, **fixed) for v in variants(i, dp, tp, pp, m)]
+    return cases
+
+
+BASE = grid()[16]  # 4 x 2 x 2 on the 7B model, 1F1B, m = 4
+IMPOSSIBLE = (  # each breaks one constraint of plan.check or of an input's own
+    dict(tp=3, gpus=24),
+    dict(gpus=64),
+    dict(pp=64, dp=1, tp=1, sp=False, micro_batches=64, gpus=64, batch=64),
+    dict(pp=3, tp=1, sp=False, micro_batches=3, gpus=12, batch=12),
+    dict(sp=True, tp=1, gpus=8),
+    dict(pp=1, gpus=8, schedule="interleaved", virtual=2),
+    dict(schedule="interleaved", virtual=2, micro_batches=5),
+    dict(micro_batches=1, batch=4),
+    dict(batch=30),
+    dict(batch=24, micro_batches=4),
+    dict(schedule="interleaved", virtual=1),
+    dict(virtual=2),
+    dict(layers=0),
+    dict(hidden=4100),
+    dict(vocab=32001),
+    dict(seq=4097, sp=True),
+    dict(efficiency=0),
+    dict(memory_gb=0),
+    dict(node_gbs=-1),
+)
+CASES = grid() + [dict(BASE, **change) for change in IMPOSSIBLE]
+
+
+def predict(case: dict[str, Any]) -> dict[str, Any]:
+    """distcourse.plan's answer for a case, or {'error': its ValueError's message}."""
+    try:
+        model = plan.ModelSpec(*(case[k] for k in SHAPE))
+        policy = plan.DTypePolicy(case["dtype"], case["reduce"], case["optimizer"])
+        keys = ("dp", "tp", "pp", "micro_batches", "ckpt", "schedule", "virtual")
+        layout = plan.PlanLayout(
+            **{k: case[k] for k in keys},
+            zero=int(case["zero"]),
+            sp=case["sp"],
+            bucket_view=case["bucket_view"],
+        )
+        hw = hardware(case)
+        found = plan.predict(model, case["batch"], policy, layout, hw, case["gpus"])
+    except ValueError as err:
+        return {"error": str(err)}
+    return dict(found.to_dict(), params=model.params)
+
+
+def hardware(case: dict[str, Any]) -> plan.Hardware:
+    """The case's GPU, from the form's units as the page converts them."""
+    preset, c = plan.named(case["gpu"]), case
+    return plan.Hardware(
+        name=preset.name,
+        flops_fp32=c["tflops_fp32"] * 1e12,
+        flops_bf16=c["tflops_bf16"] * 1e12,
+        efficiency=float(c["efficiency"]),
+        memory=int(c["memory_gb"] * GB),
+        gpus_per_node=c["gpus_per_node"],
+        alpha_node=c["alpha_node_us"] / 1e6,
+        beta_node=1 / (c["node_gbs"] * GB),
+        alpha_network=c["alpha_network_us"] / 1e6,
+        beta_network=1 / (c["network_gbs"] * GB),
+        source=preset.source,
+    )
+
+
+# Types each case into the form, field by field, and reads what the page shows.
+TYPE_AND_READ = """(cases) => cases.map(c => {
+  const root = document.getElementById('dc-planner');
+  const form = root.querySelector('form');
+  for (const [name, value] of c) {
+    const e = form.elements[name];
+    if (e.type === 'checkbox') e.checked = value; else e.value = String(value);
+    e.dispatchEvent(new Event('input', {bubbles: true}));
+  }
+  const error = root.querySelector('.dc-plan-error');
+  if (!error.hidden) return {error: error.querySelector('[data-key=error]')
+    .dataset.value, shown: error.innerText};
+  const out = {};
+  for (const e of root.querySelectorAll('.dc-plan-outputs [data-key]'))
+    out[e.dataset.key] = e.dataset.value;
+  return out;
+})"""
+
+
+def flat(value: Any, key: str = "") -> Iterator[tuple[str, Any]]:
+    """('memory.total', 123), ('by_rank.0.activations', ...) ... of a to_dict."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from flat(v, f"{key}.{k}" if key else k)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from flat(v, f"{key}.{i}")
+    else:
+        yield key, value
+
+
+def differences(want: dict[str, Any], shown: dict[str, str]) -> list[str]:
+    """Every number of `want` (the outputs, not the echoed inputs) the page shows
+    otherwise: ints exact, floats to 1e-9 relative, booleans as true / false."""
+    echo = ("model.", "policy.", "layout.", "hardware.", "batch")
+    bad = []
+    for key, value in flat(want):
+        if key.startswith(echo):
+            continue
+        bar = key.startswith("time.") and key != "time.total"  # drawn and listed
+        keys = [key] + ([f"bar.{key}"] if bar else [])
+        for k in keys:
+            got = shown.get(k)
+            if isinstance(value, bool):
+                ok = got == str(value).lower()
+            elif isinstance(value, int):
+                ok = got is not None and int(got) == value
+            else:
+                ok = got is not None and math.isclose(float(got), value, rel_tol=1e-9)
+            if not ok:
+                bad.append(f"{k}: Python {value!r}, page {got!r}")
+    return bad
+
+
+@pytest.fixture(scope="module")
+def page(browser: Any, site: str) -> Iterator[Any]:  # noqa: F811 (fixtures)
+    """The planner page, loaded once, with no console error."""
+    tab = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
+    errors: list[str] = []
+    tab.on("pageerror", lambda e: errors.append(str(e)))
+    tab.goto(f"{site}/{PAGE}", wait_until="load")
+    tab.wait_for_selector("#dc-planner form")
+    yield tab
+    tab.close()
+    assert not errors, errors
+
+
+def test_the_grid_covers_every_setting() -> None:
+    """At least 50 valid input sets, each setting in several values, every
+    impossible one refused by the Python for a reason of its own."""
+    valid = [c for c in CASES if "error" not in predict(c)]
+    assert len(valid) >= 50 and len(CASES) - len(valid) == len(IMPOSSIBLE)
+    assert len({str(sorted(c.items())) for c in CASES}) == len(CASES)
+    for key in ORDER:
+        assert len({c[key] for c in valid}) > 1, key
+    for key, values in (("zero", 4), ("ckpt", 3), ("schedule", 3), ("gpu", 3)):
+        assert len({c[key] for c in valid}) == values, key
+    errors = {predict(c)["error"] for c in CASES[len(valid) :]}
+    assert len(errors) == len(IMPOSSIBLE), errors
+    for gpu, sheet in SHEETS.items():  # the form's units give the presets exactly
+        assert hardware(dict(sheet, gpu=gpu)) == plan.GPUS[gpu]
+
+
+def test_the_page_equals_the_python_planner(page: Any) -> None:
+    typed = [[(k, c[k]) for k in ORDER] for c in CASES]
+    shown = page.evaluate(TYPE_AND_READ, typed)
+    bad = []
+    for case, got in zip(CASES, shown, strict=True):
+        want = predict(case)
+        if "error" in want:
+            same = got.get("error") == want["error"] and want["error"] in got["shown"]
+            problems = [] if same else [f"error {want['error']!r}, page {got}"]
+        else:
+            problems = ["page: " + got["error"]] if "error" in got else []
+            problems = problems or differences(want, got)
+        bad += [f"{case}: {p}" for p in problems[:3]]
+    assert not bad, f"{len(bad)} differences:\n" + "\n".join(bad[:20])
+
+
+def test_presets_are_the_python_ones(page: Any) -> None:
+    """The GPUs' figures and the model presets are the package's, to the bit."""
+    gpus = page.evaluate("Object.fromEntries(Object.entries(window.dcPlan.GPUS))")
+    assert gpus == {k: hw.to_dict() for k, hw in plan.GPUS.items()}
+    for preset, params in PRESETS.items():
+        shape = page.evaluate(
+            """(p) => { const f = document.querySelector('#dc-planner form');
+              f.elements.preset.value = p;
+              f.elements.preset.dispatchEvent(new Event('input', {bubbles: true}));
+              return ['layers', 'hidden', 'heads', 'seq', 'vocab']
+                .map(k => Number(f.elements[k].value)); }""",
+            preset,
+        )
+        assert shape == list(plan.ModelSpec.from_params(params).to_dict().values())
