@@ -233,14 +233,13 @@ def rank_groups(
     return axes.param_groups(model, layout, total, tensors, blocks)
 
 
-def bucket_bytes(
-    policy: DTypePolicy, layout: PlanLayout, groups: dict[int, tuple[int, int]]
-) -> int:
-    """DDP's flat gradient buckets in the reduce dtype, r x P (of the groups of
-    more than one rank), without ZeRO-2/3; 0 when the gradients are views into
-    them (bucket_view)."""
-    if layout.zero <= 1 and not layout.bucket_view:
-        return policy.reduce_bytes * sum(n for d, (n, _) in groups.items() if d > 1)
+def bucket_bytes(policy: DTypePolicy, layout: PlanLayout, total: int) -> int:
+    """DDP's flat gradient buckets in the reduce dtype, r x P (P: the elements
+    reduced over more than one rank), when dp x ep x cp > 1 without ZeRO-2/3; 0
+    when the gradients are views into them (bucket_view)."""
+    reduced = layout.dp * layout.ep * layout.cp > 1
+    if reduced and layout.zero <= 1 and not layout.bucket_view:
+        return policy.reduce_bytes * total
     return 0
 
 
@@ -253,7 +252,8 @@ def buffers(
 ) -> int:
     """Gradient buckets (DP), gathered blocks (ZeRO-3), a recomputed block (ckpt),
     dispatch rows and ring messages (`axes.axis_buffers`)."""
-    out = bucket_bytes(policy, layout, groups)
+    reduced = sum(n for d, (n, _) in groups.items() if d > 1)
+    out = bucket_bytes(policy, layout, reduced)
     e = policy.activation_bytes
     if layout.zero == 3 and max(groups) > 1:
         out += 2 * policy.weight_bytes * block_params(model.hidden, layout.tp)
