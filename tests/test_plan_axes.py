@@ -140,3 +140,15 @@ def test_round_trip_and_cli() -> None:
     assert "2x1x1 ep2 cp2" in text and " cp " in text and " ep " in text
     assert cli.main([*shape.split(), "--layout", "ep=2"]) == 2
     assert "== distcourse.plan.axes ==" in cli.run(["--explain"])
+
+
+def test_search_keeps_fixed_ep_and_cp_and_zero3_gathers_the_experts() -> None:
+    found = plan.search(MOE, 16, BF16, H100, 16, {"ep": 2, "cp": 2})
+    assert found and all(p.layout.ep == p.layout.cp == 2 for p in found)
+    assert all(p.layout.gpus == 16 for p in found)
+    lay = plan.PlanLayout(dp=2, zero=3, bucket_view=True)
+    moe = memory.rank_memory(MOE, 8, FP32, lay, 0)["buffers"]
+    dense = memory.rank_memory(DENSE, 8, FP32, lay, 0)["buffers"]
+    n, h = 8 // 2 * MOE.seq, MOE.hidden
+    gathered = 2 * 4 * (7 * axes.mlp_params(h, 1) + h * 8)  # weights and grads
+    assert moe - dense == gathered + memory_per_rank(n, h, 8, 2, 1.25, 1, 4)["buffers"]

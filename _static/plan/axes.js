@@ -51,6 +51,12 @@
     return groups;
   }
 
+  function blockDelta(model, layout) {
+    if (!model.experts) return 0n;
+    const mlp = mlpParams(model.hidden, layout.tp);
+    return (model.experts / layout.ep - 1n) * mlp + model.hidden * model.experts;
+  }
+
   function moeActivationDelta(model, n, t, e) {
     if (!model.experts) return 0n;
     const h = model.hidden, k = model.top_k;
@@ -93,6 +99,6 @@
 
   Object.assign(P, {
     ringBytes, balancedBytes, capacity, dispatchBuffers, mlpParams, paramGroups,
-    moeActivationDelta, moeFlopsDelta, axisBuffers, layerMessages,
+    blockDelta, moeActivationDelta, moeFlopsDelta, axisBuffers, layerMessages,
   });
 })();

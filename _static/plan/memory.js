@@ -139,7 +139,8 @@
     let out = bucketBytes(policy, layout, reduced);
     const e = policy.activation_bytes;
     if (layout.zero === 3n && max([...groups.keys()]) > 1n) {
-      out += 2n * policy.weight_bytes * blockParams(model.hidden, layout.tp);
+      const block = blockParams(model.hidden, layout.tp) + P.blockDelta(model, layout);
+      out += 2n * policy.weight_bytes * block;
     }
     if (layout.ckpt !== "none") {
       out += blockBytes(model, b, layout, e, "none");

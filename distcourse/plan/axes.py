@@ -71,6 +71,15 @@ def param_groups(
     return groups
 
 
+def block_delta(model: ModelSpec, layout: PlanLayout) -> int:
+    """What E > 0 adds to one block's elements on a rank: E // ep experts and the
+    router for the MLP (ZeRO-3 gathers a whole block)."""
+    if not model.experts:
+        return 0
+    mlp = mlp_params(model.hidden, layout.tp)
+    return (model.experts // layout.ep - 1) * mlp + model.hidden * model.experts
+
+
 def moe_activation_delta(model: ModelSpec, n: int, t: int, e: int) -> int:
     """What E > 0 adds to a block's activations (module docstring), n tokens."""
     if not model.experts:

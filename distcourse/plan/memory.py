@@ -256,7 +256,8 @@ def buffers(
     out = bucket_bytes(policy, layout, reduced)
     e = policy.activation_bytes
     if layout.zero == 3 and max(groups) > 1:
-        out += 2 * policy.weight_bytes * block_params(model.hidden, layout.tp)
+        block = block_params(model.hidden, layout.tp) + axes.block_delta(model, layout)
+        out += 2 * policy.weight_bytes * block
     if layout.ckpt != "none":
         out += block_bytes(model, b, layout, e, "none")
     return out + axes.axis_buffers(model, layout, b * model.seq // layout.cp, e)

@@ -138,16 +138,19 @@ def candidates(
     pp = 1, gradient accumulation); with tp > 1 sequence parallelism on;
     gradients as bucket views; ZeRO 0-3; checkpointing none, selective, full.
     `fixed` (PlanLayout keys) keeps the degrees it names and sets the other
-    fields. Impossible layouts are left out."""
+    fields (ep and cp stay 1 unless fixed; then dp x tp x pp fill the rest).
+    Impossible layouts are left out."""
     fixed = dict(fixed or {})
     PlanLayout.from_dict(fixed)  # unknown keys and bad values, by name
     keep = {k: fixed.pop(k) for k in DEGREES if k in fixed}
+    ep, cp = fixed.get("ep", 1), fixed.get("cp", 1)
+    rest = gpus // (ep * cp) if gpus % (ep * cp) == 0 else 0
     found: list[PlanLayout] = []
-    for dp, tp in itertools.product(divisors(gpus), divisors(gpus)):
-        if gpus % (dp * tp) or tp > hw.gpus_per_node:
+    for dp, tp in itertools.product(divisors(rest), divisors(rest)):
+        if rest % (dp * tp) or tp > hw.gpus_per_node:
             continue
-        pp = gpus // (dp * tp)
-        share = batch // dp if batch % dp == 0 else 0
+        pp = rest // (dp * tp)
+        share = batch // (dp * ep) if batch % (dp * ep) == 0 else 0
         ms = [m for m in divisors(share) if m >= pp]
         runs = [("1f1b", 1), ("interleaved", 2)] if pp > 1 else [("1f1b", 1)]
         for m, zero, ckpt, (schedule, v) in itertools.product(ms, range(4), CKPT, runs):
