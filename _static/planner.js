@@ -18,6 +18,7 @@
     "175b": ["175B", [96, 12288, 96, 4096, 32000]],
   };
   const MODEL_KEYS = ["layers", "hidden", "heads", "seq", "vocab"];
+  const MOE_KEYS = ["experts", "top_k", "capacity_factor"]; // a preset leaves them
 
   /* ---- the form ---- */
 
@@ -30,6 +31,9 @@
     ["model", "heads", "attention heads", "int", 32],
     ["model", "seq", "sequence (tokens)", "int", 4096],
     ["model", "vocab", "vocabulary", "int", 32000],
+    ["model", "experts", "experts a block (0: dense)", "int", 0],
+    ["model", "top_k", "experts a token (top-k)", "int", 1],
+    ["model", "capacity_factor", "expert capacity factor", "float", 1.25],
     ["run", "batch", "global batch (sequences)", "int", 256],
     ["policy", "dtype", "dtype policy", "select", "bf16",
       [["fp32", "fp32"], ["bf16", "bf16 mixed"]]],
@@ -53,6 +57,8 @@
     ["layout", "tp", "tensor parallel tp", "int", 2],
     ["layout", "pp", "pipeline stages pp", "int", 2],
     ["layout", "micro_batches", "micro-batches m", "int", 8],
+    ["layout", "ep", "expert parallel ep", "int", 1],
+    ["layout", "cp", "context parallel cp", "int", 1],
     ["layout", "schedule", "schedule", "select", "1f1b",
       [["1f1b", "1F1B"], ["gpipe", "GPipe"], ["interleaved", "interleaved"]]],
     ["layout", "virtual", "stages per rank (interleaved)", "int", 1],
@@ -91,7 +97,8 @@
     } else {
       input = el("input", {
         id, name: key, type: "number", "data-group": group, "data-kind": kind,
-        step: kind === "int" ? "1" : "any", min: kind === "int" ? "1" : "0",
+        step: kind === "int" ? "1" : "any",
+        min: kind === "int" && key !== "experts" ? "1" : "0",
         inputmode: kind === "int" ? "numeric" : "decimal", value: String(value),
       });
     }
@@ -141,10 +148,10 @@
     const hardware = P.fromSheet(preset.name, preset.source, v);
     const layout = {};
     for (const k of ["dp", "tp", "pp", "micro_batches", "sp", "ckpt", "schedule",
-      "virtual", "bucket_view"]) layout[k] = v[k];
+      "virtual", "bucket_view", "ep", "cp"]) layout[k] = v[k];
     layout.zero = BigInt(v.zero);
     const model = {};
-    for (const k of MODEL_KEYS) model[k] = v[k];
+    for (const k of MODEL_KEYS.concat(MOE_KEYS)) model[k] = v[k];
     return {
       data: {
         model, batch: v.batch, layout, hardware,

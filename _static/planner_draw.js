@@ -11,6 +11,7 @@
     parameters: "#0072B2", gradients: "#E69F00", optimizer: "#009E73",
     activations: "#CC79A7", buffers: "#56B4E9",
     compute: "#0072B2", bubble: "#999999", tp: "#D55E00", pp: "#F0E442", dp: "#009E73",
+    cp: "#882255", ep: "#332288",
   };
   const KIND_LABELS = {
     parameters: "parameters", gradients: "gradients", optimizer: "optimizer state",
@@ -19,8 +20,13 @@
   const PART_LABELS = {
     compute: "compute", bubble: "pipeline bubble", tp: "tensor-parallel messages",
     pp: "pipeline messages", dp: "data-parallel messages",
+    cp: "context-parallel messages", ep: "expert-parallel messages",
   };
-  const PARTS = ["compute", "bubble", "tp", "pp", "dp"];
+
+  /** The step's parts: cp and ep where the layout has them (time's keys). */
+  function parts(p) {
+    return ["compute", "bubble", "tp", "pp", "dp", "cp", "ep"].filter((k) => k in p.time);
+  }
 
   function svg(tag, attrs, ...children) {
     const e = document.createElementNS(SVG, tag);
@@ -125,10 +131,11 @@
       "aria-label": "seconds per step by part",
     });
     s.append(svg("text", { x: LEFT - 6, y: 19, "text-anchor": "end" }, "one step"));
-    s.append(bar(PARTS.map((k) => [`bar.time.${k}`, p.time[k], COLORS[k],
+    s.append(bar(parts(p).map((k) => [`bar.time.${k}`, p.time[k], COLORS[k],
       `${PART_LABELS[k]}: ${T().seconds(p.time[k])}`]), 4, 22, scale));
-    const labels = Object.assign({}, PART_LABELS, { tp: "TP", pp: "PP", dp: "DP" });
-    s.append(legend(PARTS, labels, 40));
+    const short = { tp: "TP", pp: "PP", dp: "DP", cp: "CP", ep: "EP" };
+    const labels = Object.assign({}, PART_LABELS, short);
+    s.append(legend(parts(p), labels, 40));
     return s;
   }
 
@@ -147,12 +154,12 @@
     const kinds = window.dcPlan.KINDS.map((k) => [KIND_LABELS[k],
       gib(p.memory[k]), out("span", `memory.${k}`, p.memory[k], p.memory[k].toString())]);
     kinds.push(["total", gib(p.memory.total), p.memory.total.toString()]);
-    const parts = PARTS.map((k) => [PART_LABELS[k],
+    const steps = parts(p).map((k) => [PART_LABELS[k],
       out("span", `time.${k}`, p.time[k], seconds(p.time[k])),
       k in p.wire ? out("span", `wire.${k}`, p.wire[k], gib(p.wire[k])) : ""]);
     return [
       table(["the fullest GPU holds", "GiB", "bytes"], kinds),
-      table(["a step spends", "time", "GiB on the wire"], parts),
+      table(["a step spends", "time", "GiB on the wire"], steps),
     ];
   }
 

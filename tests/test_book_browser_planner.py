@@ -4,7 +4,8 @@ book/10b_planner_page.md runs a JavaScript port of the package's formulas
 (_static/plan/*.js). This test is what keeps the two equal: in one page load it
 types each input set of a deterministic grid (CASES: every degree, schedule,
 ZeRO stage, checkpointing, sequence parallelism, dtype policy, GPU and model
-preset, and impossible layouts) into the page's form as a reader would (a value,
+preset, chapter 12's experts (MoE, ep) and context parallelism (cp), and
+impossible layouts) into the page's form as a reader would (a value,
 then an input event, field by field), reads every number the page shows (each
 carries its exact value in data-key / data-value), and compares them with
 `plan.predict(...).to_dict()`: byte, FLOP and GPU counts exactly, seconds, tokens/s
@@ -33,9 +34,11 @@ SHEET = (
     "alpha_network_us efficiency gpus_per_node"
 ).split()
 ORDER = ["gpu", *SHEET] + (
-    "layers hidden heads seq vocab batch gpus dtype reduce optimizer dp tp pp "
-    "micro_batches schedule virtual zero ckpt sp bucket_view"
+    "layers hidden heads seq vocab experts top_k capacity_factor batch gpus dtype "
+    "reduce optimizer dp tp pp micro_batches ep cp schedule virtual zero ckpt sp "
+    "bucket_view"
 ).split()
+DENSE = dict(experts=0, top_k=1, capacity_factor=1.25, ep=1, cp=1)
 # A GPU in the form's units (TFLOP/s, GB, GB/s a direction, microseconds): the
 # figures plan/hardware.py takes from the datasheets (NVLink's halved), 5 and 10 us,
 # half of peak, 8 GPUs a node. Typed unchanged, they give plan.GPUS[gpu] to the bit
@@ -79,6 +82,21 @@ LAYOUTS = (
     (4, 1, 1, 4, "1f1b", 1, "small"),  # gradient accumulation
     (1, 1, 2, 6, "interleaved", 2, "small"),  # 3 rounds of 2
 )
+# chapter 12's axes: a layout as above, then experts, top_k, capacity factor, ep, cp
+AXES = (
+    (2, 1, 1, 1, "1f1b", 1, "small", 8, 2, 1.25, 2, 1),
+    (1, 2, 1, 1, "1f1b", 1, "small", 8, 1, 1.0, 4, 1),
+    (2, 2, 2, 4, "1f1b", 1, "small", 16, 2, 1.25, 2, 2),
+    (1, 1, 1, 1, "1f1b", 1, "small", 0, 1, 1.25, 1, 4),  # dense, ring attention
+    (2, 8, 1, 1, "1f1b", 1, "7b", 0, 1, 1.25, 1, 2),
+    (1, 1, 2, 4, "interleaved", 2, "small", 8, 2, 2.0, 8, 1),
+    (4, 1, 1, 2, "1f1b", 1, "small", 4, 1, 1.5, 1, 1),  # experts, no ep
+    (1, 2, 4, 4, "gpipe", 1, "7b", 8, 2, 1.25, 2, 2),
+    (2, 1, 1, 1, "1f1b", 1, "small", 8, 2, 1.25, 8, 2),
+    (1, 4, 2, 2, "1f1b", 1, "70b", 16, 2, 1.25, 4, 2),
+    (8, 1, 1, 1, "1f1b", 1, "7b", 0, 1, 1.25, 1, 8),
+    (1, 1, 1, 4, "1f1b", 1, "small", 64, 8, 1.25, 16, 1),
+)
 
 
 def variants(i: int, dp: int, tp: int, pp: int, m: int) -> Iterator[dict[str, Any]]:
@@ -111,7 +129,14 @@ def grid() -> list[dict[str, Any]]:
         fixed = dict(zip(SHAPE, MODELS[model], strict=True), dp=dp, tp=tp, pp=pp)
         fixed.update(micro_batches=m)
         fixed.update(schedule=schedule, virtual=virtual, gpus=dp * tp * pp)
-        cases += [dict(v, **fixed) for v in variants(i, dp, tp, pp, m)]
+        cases += [dict(v, **DENSE, **fixed) for v in variants(i, dp, tp, pp, m)]
+    for i, (dp, tp, pp, m, schedule, virtual, model, *moe) in enumerate(AXES):
+        fixed = dict(zip(SHAPE, MODELS[model], strict=True), dp=dp, tp=tp, pp=pp)
+        fixed.update(zip((*DENSE,), moe, strict=True))
+        ep, cp = moe[3], moe[4]
+        fixed.update(micro_batches=m, schedule=schedule, virtual=virtual)
+        fixed.update(gpus=dp * tp * pp * ep * cp, batch=dp * ep * m * (1 + i % 2))
+        cases.append(dict(list(variants(i, dp, tp, pp, m))[i % 4], **fixed))
     return cases
 
 
@@ -136,6 +161,10 @@ IMPOSSIBLE = (  # each breaks one constraint of plan.check or of an input's own
     dict(efficiency=0),
     dict(memory_gb=0),
     dict(node_gbs=-1),
+    dict(ep=2, gpus=32),  # no experts to split
+    dict(cp=3, gpus=48),  # 4096 tokens are not 6 zig-zag chunks
+    dict(experts=8, top_k=9),
+    dict(experts=6, ep=4, gpus=64),
 )
 CASES = grid() + [dict(BASE, **change) for change in IMPOSSIBLE]
 
@@ -143,9 +172,11 @@ CASES = grid() + [dict(BASE, **change) for change in IMPOSSIBLE]
 def predict(case: dict[str, Any]) -> dict[str, Any]:
     """distcourse.plan's answer for a case, or {'error': its ValueError's message}."""
     try:
-        model = plan.ModelSpec(*(case[k] for k in SHAPE))
+        moe = ("experts", "top_k", "capacity_factor")
+        model = plan.ModelSpec(*(case[k] for k in (*SHAPE, *moe)))
         policy = plan.DTypePolicy(case["dtype"], case["reduce"], case["optimizer"])
         keys = ("dp", "tp", "pp", "micro_batches", "ckpt", "schedule", "virtual")
+        keys += ("ep", "cp")
         layout = plan.PlanLayout(
             **{k: case[k] for k in keys},
             zero=int(case["zero"]),

@@ -71,17 +71,18 @@
   }
 
   function blockBytes(model, b, layout, e, ckpt) {
-    const s = model.seq, h = model.hidden, a = model.heads, t = layout.tp;
+    const s = model.seq / layout.cp, h = model.hidden, a = model.heads, t = layout.tp;
     if (ckpt === "full") return (b * s * h * e) / (layout.sp ? t : 1n);
     const counts = blockActivationBytes(b, s, h, a, t, layout.sp, e);
     const lse = b * (a / t) * s * e;
-    return counts - (ckpt === "selective" ? lse : 0n);
+    const moe = P.moeActivationDelta(model, b * s, t, e);
+    return counts + moe - (ckpt === "selective" ? lse : 0n);
   }
 
   function stageActivationBytes(model, b, layout, policy, stage) {
     const stages = layout.pp * layout.virtual;
-    const s = model.seq, h = model.hidden, V = model.vocab, t = layout.tp;
-    const e = policy.activation_bytes, n = b * model.seq;
+    const s = model.seq / layout.cp, h = model.hidden, V = model.vocab, t = layout.tp;
+    const e = policy.activation_bytes, n = b * s;
     let held = (model.layers / stages) * blockBytes(model, b, layout, e, layout.ckpt);
     if (stage === 0n) held += (t > 1n ? 9n : 8n) * n + 8n * s;
     const last = stage === stages - 1n;
@@ -122,44 +123,62 @@
     return peak;
   }
 
-  /** DDP's flat gradient buckets in the reduce dtype (none with bucket_view). */
+  /** DDP's flat gradient buckets in the reduce dtype, of the elements reduced
+      over more than one rank (none with bucket_view). */
   function bucketBytes(policy, layout, total) {
-    if (layout.dp > 1n && layout.zero <= 1n && !layout.bucket_view) {
+    const reduced = layout.dp * layout.ep * layout.cp > 1n;
+    if (reduced && layout.zero <= 1n && !layout.bucket_view) {
       return policy.reduce_bytes * total;
     }
     return 0n;
   }
 
-  function buffers(model, b, policy, layout, total) {
-    let out = bucketBytes(policy, layout, total);
-    if (layout.zero === 3n && layout.dp > 1n) {
-      out += 2n * policy.weight_bytes * blockParams(model.hidden, layout.tp);
+  function buffers(model, b, policy, layout, groups) {
+    let reduced = 0n;
+    for (const [d, [n]] of groups) if (d > 1n) reduced += n;
+    let out = bucketBytes(policy, layout, reduced);
+    const e = policy.activation_bytes;
+    if (layout.zero === 3n && max([...groups.keys()]) > 1n) {
+      const block = blockParams(model.hidden, layout.tp) + P.blockDelta(model, layout);
+      out += 2n * policy.weight_bytes * block;
     }
     if (layout.ckpt !== "none") {
-      out += blockBytes(model, b, layout, policy.activation_bytes, "none");
+      out += blockBytes(model, b, layout, e, "none");
     }
-    return out;
+    return out + P.axisBuffers(model, layout, (b * model.seq) / layout.cp, e);
   }
 
-  /** Bytes by kind on pipeline rank `rank` (any dp and tp coordinate). */
-  function rankMemory(model, batch, policy, layout, rank) {
+  /** {group size: [elements, tensors]} on pipeline rank `rank` (axes.js). */
+  function rankGroups(model, layout, rank) {
     const mine = rankStages(layout, rank);
     let total = 0n, tensors = 0n;
     for (const k of mine) {
       total += stageParams(model, layout, k);
       tensors += stageTensors(model, layout, k);
     }
-    const d = layout.dp, zero = layout.zero;
-    const stepped = zero === 0n || zero === 3n ? tensors : ceilDiv(tensors, d);
-    const out = modelState(policy, zero, total, ceilDiv(total, d), stepped);
-    const b = batch / (d * layout.micro_batches);
+    const blocks = (BigInt(mine.length) * model.layers) / (layout.pp * layout.virtual);
+    return P.paramGroups(model, layout, total, tensors, blocks);
+  }
+
+  /** Bytes by kind on pipeline rank `rank` (any dp and tp coordinate). */
+  function rankMemory(model, batch, policy, layout, rank) {
+    const mine = rankStages(layout, rank);
+    const zero = layout.zero;
+    const out = { parameters: 0n, gradients: 0n, optimizer: 0n };
+    const groups = rankGroups(model, layout, rank);
+    for (const [d, [total, tensors]] of groups) {
+      const stepped = zero === 0n || zero === 3n ? tensors : ceilDiv(tensors, d);
+      const held = modelState(policy, zero, total, ceilDiv(total, d), stepped);
+      for (const k of Object.keys(out)) out[k] += held[k];
+    }
+    const b = batch / (layout.shares * layout.micro_batches);
     const units = mine.map((k) => stageActivationBytes(model, b, layout, policy, k));
     if (layout.virtual === 1n || layout.pp === 1n) {
       out.activations = inFlight(layout, rank) * units[0];
     } else {
       out.activations = inFlightBytes(units, layout, rank);
     }
-    out.buffers = buffers(model, b, policy, layout, total);
+    out.buffers = buffers(model, b, policy, layout, groups);
     return out;
   }
 
@@ -178,6 +197,6 @@
   Object.assign(P, {
     ceilDiv, max, parametersHeld, blockParams, stageParams, stageTensors,
     rankStages, modelState, blockBytes, stageActivationBytes, inFlight,
-    inFlightBytes, bucketBytes, buffers, rankMemory, memory,
+    inFlightBytes, bucketBytes, buffers, rankGroups, rankMemory, memory,
   });
 })();

@@ -7,16 +7,16 @@
 
   /** Prediction.mfu: the model's FLOPs of the step over what the GPUs could do. */
   function mfu(model, batch, policy, layout, hw, seconds) {
-    const b = batch / (layout.dp * layout.micro_batches);
+    const b = batch / (layout.shares * layout.micro_batches);
     const plain = {
       pp: layout.pp, virtual: layout.virtual, schedule: layout.schedule,
-      tp: 1n, ckpt: "none",
+      tp: 1n, ckpt: "none", cp: 1n,
     };
     let flops = 0n;
     for (let k = 0n; k < layout.pp * layout.virtual; k++) {
       flops += P.stageFlops(model, b, plain, k);
     }
-    const useful = layout.dp * layout.micro_batches * flops;
+    const useful = layout.shares * layout.micro_batches * flops;
     const peak = P.rate(hw, policy.dtype) / hw.efficiency;
     return Number(useful) / (Number(layout.gpus) * peak * seconds.total);
   }

@@ -3,7 +3,7 @@
    timing.js and predict.js the rest, one file per module of the package.
 
    A line-by-line port of the Python package's formulas (distcourse/plan: spec.py,
-   hardware.py, memory.py, timing.py, predict.py, and comm/ledger.py's
+   checks.py, axes.py, hardware.py, memory.py, timing.py, predict.py, and comm/ledger.py's
    ring_wire_bytes, parallel/hybrid's parameters_held and links, parallel/tensor's
    block_activation_bytes): the same names, the same order of operations, the same
    error messages. The Python is the source of truth; the browser test
@@ -63,11 +63,22 @@
     return value;
   }
 
-  /** spec.ModelSpec: layers, hidden, heads, seq, vocab (BigInt). */
+  /** spec.ModelSpec: layers, hidden, heads, seq, vocab, top_k, experts (BigInt),
+      capacity_factor (a number); the MoE keys default to a dense model. */
   function modelSpec(d) {
     const m = {};
-    for (const name of ["layers", "hidden", "heads", "seq", "vocab"]) {
-      m[name] = count(d[name], name);
+    const given = { experts: 0n, top_k: 1n, capacity_factor: 1.25, ...d };
+    for (const name of ["layers", "hidden", "heads", "seq", "vocab", "top_k"]) {
+      m[name] = count(given[name], name);
+    }
+    m.experts = count(given.experts, "experts", 0n);
+    const f = given.capacity_factor;
+    if (!(typeof f === "number" || typeof f === "bigint") || !(Number(f) > 0)) {
+      throw new Error(`capacity_factor must be a number > 0, got ${repr(f)}`);
+    }
+    m.capacity_factor = Number(f);
+    if (m.experts && m.top_k > m.experts) {
+      throw new Error(`top_k=${m.top_k} is more than experts=${m.experts}`);
     }
     if (m.hidden % m.heads) {
       throw new Error(`hidden=${m.hidden} is not divisible by heads=${m.heads}`);
@@ -75,10 +86,11 @@
     return m;
   }
 
-  /** spec.ModelSpec.params: L (12 h^2 + 13 h) + 2 V h + seq h + 2 h. */
+  /** spec.ModelSpec.params: L (12 h^2 + 13 h) + 2 V h + seq h + 2 h (+ experts). */
   function params(m) {
-    const L = m.layers, h = m.hidden;
-    return L * (12n * h * h + 13n * h) + 2n * m.vocab * h + m.seq * h + 2n * h;
+    const L = m.layers, h = m.hidden, E = m.experts;
+    const dense = L * (12n * h * h + 13n * h) + 2n * m.vocab * h + m.seq * h + 2n * h;
+    return dense + (E ? L * ((E - 1n) * (8n * h * h + 5n * h) + h * E) : 0n);
   }
 
   /** spec.DTypePolicy and its bytes per element. */
@@ -101,8 +113,9 @@
   /** spec.PlanLayout: degrees and how each rank runs its part. */
   function planLayout(d) {
     const L = {};
-    for (const name of ["dp", "tp", "pp", "micro_batches", "virtual"]) {
-      L[name] = count(d[name], name);
+    const given = { ep: 1n, cp: 1n, ...d };
+    for (const name of ["dp", "tp", "pp", "micro_batches", "virtual", "ep", "cp"]) {
+      L[name] = count(given[name], name);
     }
     if (typeof d.zero !== "bigint" || d.zero < 0n || d.zero > 3n) {
       throw new Error(`zero (the ZeRO stage) must be 0, 1, 2 or 3, got ${repr(d.zero)}`);
@@ -116,16 +129,31 @@
     }
     L.ckpt = choice(d.ckpt, "ckpt", CKPT);
     L.schedule = choice(d.schedule, "schedule", SCHEDULES);
-    L.gpus = L.dp * L.tp * L.pp;
+    L.gpus = L.dp * L.tp * L.pp * L.ep * L.cp;
+    L.shares = L.dp * L.ep;
     return L;
   }
 
-  /** spec.check: an Error naming the constraint an impossible layout breaks. */
+  /** checks.check: an Error naming the constraint an impossible layout breaks. */
   function check(model, batch, L, gpus) {
     count(batch, "batch");
     if (gpus !== null && gpus !== undefined && L.gpus !== gpus) {
+      const extra = L.ep * L.cp > 1n ? ` x ep=${L.ep} x cp=${L.cp}` : "";
       throw new Error(
-        `dp=${L.dp} x tp=${L.tp} x pp=${L.pp} = ${L.gpus} GPUs, but there are ${gpus}`
+        `dp=${L.dp} x tp=${L.tp} x pp=${L.pp}${extra} = ${L.gpus} GPUs, ` +
+          `but there are ${gpus}`
+      );
+    }
+    if (L.ep > 1n && !model.experts) {
+      throw new Error(`expert parallelism ep=${L.ep} needs experts > 0`);
+    }
+    if (model.experts % L.ep) {
+      throw new Error(`experts=${model.experts} do not divide into ep=${L.ep} equal groups`);
+    }
+    if (L.cp > 1n && model.seq % (2n * L.cp)) {
+      throw new Error(
+        `context parallel: seq=${model.seq} does not split into 2 x cp=` +
+          `${2n * L.cp} zig-zag chunks`
       );
     }
     for (const name of ["heads", "hidden", "vocab"]) {
@@ -133,9 +161,10 @@
         throw new Error(`${name}=${model[name]} is not divisible by tp=${L.tp}`);
       }
     }
-    if (L.sp && model.seq % L.tp) {
+    if (L.sp && (model.seq / L.cp) % L.tp) {
+      const part = L.cp > 1n ? ` / cp=${L.cp}` : "";
       throw new Error(
-        `sequence parallel: seq=${model.seq} is not divisible by tp=${L.tp}`
+        `sequence parallel: seq=${model.seq}${part} is not divisible by tp=${L.tp}`
       );
     }
     if (L.sp && L.tp === 1n) throw new Error("sequence parallel (sp) needs tp > 1");
@@ -174,12 +203,13 @@
         `${L.schedule} needs micro_batches >= pp: ${L.micro_batches} < pp=${L.pp}`
       );
     }
-    if (batch % L.dp) {
-      throw new Error(`batch=${batch} does not split into dp=${L.dp} equal shares`);
+    const d = L.ep === 1n ? `dp=${L.dp}` : `dp x ep=${L.shares}`;
+    if (batch % L.shares) {
+      throw new Error(`batch=${batch} does not split into ${d} equal shares`);
     }
-    if ((batch / L.dp) % L.micro_batches) {
+    if ((batch / L.shares) % L.micro_batches) {
       throw new Error(
-        `a share of ${batch / L.dp} (batch ${batch} / dp=${L.dp}) does not split ` +
+        `a share of ${batch / L.shares} (batch ${batch} / ${d}) does not split ` +
           `into micro_batches=${L.micro_batches}`
       );
     }

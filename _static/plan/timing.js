@@ -36,39 +36,53 @@
 
   function stageFlops(model, b, layout, stage) {
     const stages = layout.pp * layout.virtual;
-    const n = b * model.seq, s = model.seq, h = model.hidden;
+    const n = (b * model.seq) / layout.cp, s = model.seq, h = model.hidden;
     const blocks = model.layers / stages;
-    let forward = blocks * n * (24n * h * h + 4n * s * h);
+    const block = n * (24n * h * h + 4n * s * h) + P.moeFlopsDelta(model, n);
+    let forward = blocks * block;
     if (stage === stages - 1n) forward += 2n * n * h * model.vocab;
     const recompute = {
       none: 0n,
       selective: blocks * 4n * n * s * h,
-    }[layout.ckpt] ?? blocks * n * (24n * h * h + 4n * s * h);
+    }[layout.ckpt] ?? blocks * block;
     return 3n * forward + recompute;
   }
 
-  /** parallel.hybrid.recipe.links: 'node', 'network' or '-' (degree 1) per axis. */
+  /** tp, pp, dp, and cp, ep where their degree is above 1. */
+  function layoutAxes(layout) {
+    return AXES.concat(["cp", "ep"].filter((a) => layout[a] > 1n));
+  }
+
+  /** 'node', 'network' or '-' (degree 1) per axis: grid (dp, pp, ep, cp, tp). */
   function axisLinks(layout, hw) {
-    const gpus = BigInt(hw.gpus_per_node), tp = layout.tp, pp = layout.pp;
-    const where = {
-      dp: layout.dp * pp * tp <= gpus ? "node" : "network",
-      pp: tp * pp <= gpus ? "node" : "network",
-      tp: tp <= gpus ? "node" : "network",
-    };
-    const degree = { dp: layout.dp, pp: pp, tp: tp };
+    const gpus = BigInt(hw.gpus_per_node);
+    let span = 1n;
+    const where = {};
+    for (const axis of ["tp", "cp", "ep", "pp", "dp"]) {
+      span *= layout[axis];
+      const link = span <= gpus ? "node" : "network";
+      where[axis] = layout[axis] > 1n ? link : "-";
+    }
     const out = {};
-    for (const axis of ["dp", "pp", "tp"]) out[axis] = degree[axis] > 1n ? where[axis] : "-";
+    for (const axis of layoutAxes(layout)) out[axis] = where[axis];
     return out;
   }
 
   /** Per axis: [wire bytes, alpha steps] pipeline rank `rank` sends in a step. */
   function rankMessages(model, batch, policy, layout, rank) {
     const stages = layout.pp * layout.virtual, t = layout.tp, m = layout.micro_batches;
-    const b = batch / (layout.dp * m);
-    const n = b * model.seq;
-    const A = n * model.hidden * policy.activation_bytes;
+    const b = batch / (layout.shares * m);
+    const n = (b * model.seq) / layout.cp, e = policy.activation_bytes;
+    const A = n * model.hidden * e;
     let tp = 0n, pp = 0n, tpSteps = 0n, ppSteps = 0n;
+    const out = {};
+    for (const a of layoutAxes(layout)) out[a] = [0n, 0n];
+    const layer = P.layerMessages(model, layout, n, e);
     for (const k of P.rankStages(layout, rank)) {
+      for (const [axis, [nbytes, steps]] of Object.entries(layer)) {
+        const times = (m * model.layers) / stages;
+        out[axis] = [out[axis][0] + times * nbytes, out[axis][1] + times * steps];
+      }
       const first = k === 0n ? 1n : 0n, last = k === stages - 1n ? 1n : 0n;
       const calls = (4n * model.layers) / stages + first + last;
       tp += m * calls * ringWireBytes("all_reduce", A, t);
@@ -78,21 +92,21 @@
       pp += m * sends * A;
       ppSteps += m * sends;
     }
-    let total = 0n;
-    for (const k of P.rankStages(layout, rank)) total += P.stageParams(model, layout, k);
-    const d = layout.dp;
     let dp = 0n, dpSteps = 0n;
-    for (const [op, what] of DP_COLLECTIVES[layout.zero]) {
-      dp += ringWireBytes(op, handedIn(op, what, policy, total, d), d);
-      dpSteps += ALPHA_STEPS[op] * (d - 1n);
+    for (const [d, [total]] of P.rankGroups(model, layout, rank)) {
+      for (const [op, what] of DP_COLLECTIVES[layout.zero]) {
+        dp += ringWireBytes(op, handedIn(op, what, policy, total, d), d);
+        dpSteps += ALPHA_STEPS[op] * (d - 1n);
+      }
     }
-    return { tp: [tp, tpSteps], pp: [pp, ppSteps], dp: [dp, dpSteps] };
+    Object.assign(out, { tp: [tp, tpSteps], pp: [pp, ppSteps], dp: [dp, dpSteps] });
+    return out;
   }
 
   /** [seconds by part with 'total', wire bytes per axis, FLOPs] of the busiest rank. */
   function stepTime(model, batch, policy, layout, hw) {
     const t = layout.tp, p = layout.pp, m = layout.micro_batches;
-    const b = batch / (layout.dp * m);
+    const b = batch / (layout.shares * m);
     const rate = P.rate(hw, policy.dtype);
     const perRank = [];
     for (let r = 0n; r < p; r++) {
@@ -110,7 +124,8 @@
     const wire = {};
     const messages = [];
     for (let r = 0n; r < p; r++) messages.push(rankMessages(model, batch, policy, layout, r));
-    for (const axis of AXES) {
+    const axes = layoutAxes(layout);
+    for (const axis of axes) {
       const [alpha, beta] = P.link(hw, where[axis]);
       let worst = 0.0;
       wire[axis] = 0n;
@@ -122,12 +137,13 @@
       seconds[axis] = worst;
     }
     let total = 0;
-    for (const part of ["compute", "bubble", ...AXES]) total += seconds[part];
+    for (const part of ["compute", "bubble", ...axes]) total += seconds[part];
     seconds.total = total;
     return [seconds, wire, m * busiest];
   }
 
   Object.assign(P, {
-    AXES, ringWireBytes, handedIn, stageFlops, axisLinks, rankMessages, stepTime,
+    AXES, ringWireBytes, handedIn, stageFlops, layoutAxes, axisLinks, rankMessages,
+    stepTime,
   });
 })();

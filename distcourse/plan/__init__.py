@@ -15,10 +15,11 @@ those modules' docstrings; `python -m distcourse.plan --explain` prints them.
 The HTML book's planner ports them to JavaScript; the browser test holds it equal.
 """
 
+from distcourse.plan.checks import check
 from distcourse.plan.hardware import GPUS, Hardware, local, matmul_rate, named
 from distcourse.plan.memory import KINDS, model_state, rank_memory
 from distcourse.plan.prediction import Prediction, candidates, predict, search
-from distcourse.plan.spec import DTypePolicy, ModelSpec, PlanLayout, check
+from distcourse.plan.spec import DTypePolicy, ModelSpec, PlanLayout
 
 __all__ = [
     "GPUS",

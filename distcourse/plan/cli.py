@@ -6,8 +6,10 @@
     python -m distcourse.plan --explain     # every formula the planner uses
 
 Layout keys: dp, tp, pp, m (micro-batches), zero, sp, ckpt, schedule, v (stages per
-rank), bucket_view; 0/1 or true/false for sp and bucket_view. `--fix zero=3,tp=8`
-searches only the layouts with those values. The hardware is a
+rank), bucket_view, ep, cp; 0/1 or true/false for sp and bucket_view. A mixture of
+experts: --experts E --top-k k --capacity-factor f (then ep may split them).
+`--fix zero=3,tp=8` searches only the layouts with those values (the search keeps
+ep = cp = 1 unless fixed). The hardware is a
 datasheet GPU (--gpu h100 | h200 | a100) whose figures --flops, --alpha, --beta,
 --memory-gb, --efficiency, --gpus-per-node replace (e.g. with chapter 2's fit).
 An impossible input prints one line naming the constraint and exits with 2.
@@ -22,7 +24,7 @@ import sys
 from typing import NoReturn
 
 from distcourse import tables
-from distcourse.plan import hardware, memory, prediction, spec, timing
+from distcourse.plan import axes, checks, hardware, memory, prediction, spec, timing
 from distcourse.plan.prediction import Prediction
 
 GIB = 2**30
@@ -74,6 +76,9 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", type=int)
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--experts", type=int, default=0, help="experts a block (0: dense)")
+    p.add_argument("--top-k", type=int, default=1, help="experts a token")
+    p.add_argument("--capacity-factor", type=float, default=1.25)
     p.add_argument("--batch", type=int, default=256, help="global batch, sequences")
     p.add_argument("--gpus", type=int)
     p.add_argument("--layout", help="one layout: dp=8,tp=8,pp=1,m=1,zero=1,...")
@@ -92,12 +97,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def model_of(args: argparse.Namespace) -> spec.ModelSpec:
+    moe = dict(
+        experts=args.experts, top_k=args.top_k, capacity_factor=args.capacity_factor
+    )
     if args.params is not None:
-        return spec.ModelSpec.from_params(args.params, args.seq, args.vocab)
+        shape = spec.ModelSpec.from_params(args.params, args.seq, args.vocab)
+        return dataclasses.replace(shape, **moe)
     if args.layers is None or args.hidden is None:
         raise ValueError("give --params, or --layers and --hidden (and --heads)")
     heads = args.heads if args.heads is not None else max(1, args.hidden // 128)
-    return spec.ModelSpec(args.layers, args.hidden, heads, args.seq, args.vocab)
+    return spec.ModelSpec(args.layers, args.hidden, heads, args.seq, args.vocab, **moe)
 
 
 def hardware_of(args: argparse.Namespace) -> hardware.Hardware:
@@ -152,6 +161,8 @@ def table(found: list[Prediction]) -> str:
         "step s",
         "MFU",
     )
+    extra = tuple(a for a in ("cp", "ep") if any(a in p.time for p in found))
+    head = (*head[:17], *extra, *head[17:])
     rows = [head]
     for p in found:
         L, mem, t = p.layout, p.memory, p.time
@@ -164,7 +175,10 @@ def table(found: list[Prediction]) -> str:
                 int(L.sp),
                 L.ckpt,
                 *(f"{mem[k] / size:.1f}" for k in (*memory.KINDS, "total")),
-                *(f"{t[k]:.3g}" for k in ("compute", "bubble", *timing.AXES, "total")),
+                *(
+                    f"{t.get(k, 0.0):.3g}"
+                    for k in ("compute", "bubble", *timing.AXES, *extra, "total")
+                ),
                 f"{p.mfu:.0%}",
             )
         )
@@ -173,7 +187,7 @@ def table(found: list[Prediction]) -> str:
 
 def explain() -> str:
     """The docstrings that hold the formulas, in the order a prediction uses them."""
-    parts = (spec, memory, timing, hardware, prediction)
+    parts = (spec, checks, memory, axes, timing, hardware, prediction)
     return "\n\n".join(f"== {m.__name__} ==\n{m.__doc__.strip()}" for m in parts)
 
 

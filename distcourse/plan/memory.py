@@ -70,6 +70,10 @@ Peak over the step on pipeline rank r, with U_k that micro-batch count:
                      max(peak, held); then if f >= warm: held -= U of chunk
                      v - 1 - ((f - warm) // g) % v (chunk j is stage r + j p)
 
+Experts (ep) and context parallelism (cp), with b = batch / (d ep m) and every
+activation that of seq s / cp: `plan.axes` (its parameter groups replace P, q
+and T above, summed over the groups; its buffers join the buffers).
+
 The fullest rank (largest total; the first of equals) is `memory`; every
 pipeline rank, first to last, `by_rank` (any dp and tp coordinate holds the same).
 """
@@ -79,6 +83,7 @@ from __future__ import annotations
 from distcourse.parallel.hybrid.cost import parameters_held
 from distcourse.parallel.hybrid.layout import Layout
 from distcourse.parallel.tensor.memory import block_activation_bytes
+from distcourse.plan import axes
 from distcourse.plan.spec import DTypePolicy, ModelSpec, PlanLayout
 
 KINDS = ("parameters", "gradients", "optimizer", "activations", "buffers")
@@ -128,15 +133,16 @@ def model_state(
 
 
 def block_bytes(model: ModelSpec, b: int, layout: PlanLayout, e: int, ckpt: str) -> int:
-    """One block's activations for a micro-batch of b sequences."""
-    s, h, a, t = model.seq, model.hidden, model.heads, layout.tp
+    """One block's activations for a micro-batch of b sequences (s / cp tokens)."""
+    s, h, a, t = model.seq // layout.cp, model.hidden, model.heads, layout.tp
     if ckpt == "full":
         return b * s * h * e // (t if layout.sp else 1)
     counts = block_activation_bytes(
         b, s, h, a, t, sequence_parallel=layout.sp, value_bytes=e
     )
     lse = b * (a // t) * s * e
-    return sum(counts.values()) - (lse if ckpt == "selective" else 0)
+    moe = axes.moe_activation_delta(model, b * s, t, e)
+    return sum(counts.values()) + moe - (lse if ckpt == "selective" else 0)
 
 
 def stage_activation_bytes(
@@ -144,8 +150,8 @@ def stage_activation_bytes(
 ) -> int:
     """What a stage keeps for backward for one micro-batch of b sequences."""
     stages = layout.pp * layout.virtual
-    s, h, V, t = model.seq, model.hidden, model.vocab, layout.tp
-    e, n = policy.activation_bytes, b * model.seq
+    s, h, V, t = model.seq // layout.cp, model.hidden, model.vocab, layout.tp
+    e, n = policy.activation_bytes, b * s
     held = model.layers // stages * block_bytes(model, b, layout, e, layout.ckpt)
     if stage == 0:
         held += (9 if t > 1 else 8) * n + 8 * s
@@ -200,40 +206,61 @@ def rank_memory(
 ) -> dict[str, int]:
     """Bytes by kind on pipeline rank `rank` (any dp and tp coordinate)."""
     mine = rank_stages(layout, rank)
-    total = sum(stage_params(model, layout, k) for k in mine)
-    tensors = sum(stage_tensors(model, layout, k) for k in mine)
-    d, zero = layout.dp, layout.zero
-    stepped = tensors if zero in (0, 3) else ceil_div(tensors, d)
-    out = model_state(policy, zero, total, ceil_div(total, d), stepped)
-    b = batch // (d * layout.micro_batches)
+    zero, out = layout.zero, dict(parameters=0, gradients=0, optimizer=0)
+    groups = rank_groups(model, layout, rank)
+    for d, (total, tensors) in groups.items():
+        stepped = tensors if zero in (0, 3) else ceil_div(tensors, d)
+        held = model_state(policy, zero, total, ceil_div(total, d), stepped)
+        out = {k: out[k] + held[k] for k in out}
+    b = batch // (layout.shares * layout.micro_batches)
     units = [stage_activation_bytes(model, b, layout, policy, k) for k in mine]
     if layout.virtual == 1 or layout.pp == 1:
         out["activations"] = in_flight(layout, rank) * units[0]
     else:
         out["activations"] = in_flight_bytes(units, layout, rank)
-    out["buffers"] = buffers(model, b, policy, layout, total)
+    out["buffers"] = buffers(model, b, policy, layout, groups)
     return out
 
 
+def rank_groups(
+    model: ModelSpec, layout: PlanLayout, rank: int
+) -> dict[int, tuple[int, int]]:
+    """{group size: (elements, tensors)} on pipeline rank `rank` (`axes`)."""
+    mine = rank_stages(layout, rank)
+    total = sum(stage_params(model, layout, k) for k in mine)
+    tensors = sum(stage_tensors(model, layout, k) for k in mine)
+    blocks = len(mine) * model.layers // (layout.pp * layout.virtual)
+    return axes.param_groups(model, layout, total, tensors, blocks)
+
+
 def bucket_bytes(policy: DTypePolicy, layout: PlanLayout, total: int) -> int:
-    """DDP's flat gradient buckets in the reduce dtype, r x P, when dp > 1 without
-    ZeRO-2/3; 0 when the gradients are views into them (bucket_view)."""
-    if layout.dp > 1 and layout.zero <= 1 and not layout.bucket_view:
+    """DDP's flat gradient buckets in the reduce dtype, r x P (P: the elements
+    reduced over more than one rank), when dp x ep x cp > 1 without ZeRO-2/3; 0
+    when the gradients are views into them (bucket_view)."""
+    reduced = layout.dp * layout.ep * layout.cp > 1
+    if reduced and layout.zero <= 1 and not layout.bucket_view:
         return policy.reduce_bytes * total
     return 0
 
 
 def buffers(
-    model: ModelSpec, b: int, policy: DTypePolicy, layout: PlanLayout, total: int
+    model: ModelSpec,
+    b: int,
+    policy: DTypePolicy,
+    layout: PlanLayout,
+    groups: dict[int, tuple[int, int]],
 ) -> int:
-    """Gradient buckets (DP), gathered blocks (ZeRO-3), a recomputed block (ckpt)."""
-    out = bucket_bytes(policy, layout, total)
-    if layout.zero == 3 and layout.dp > 1:
-        out += 2 * policy.weight_bytes * block_params(model.hidden, layout.tp)
+    """Gradient buckets (DP), gathered blocks (ZeRO-3), a recomputed block (ckpt),
+    dispatch rows and ring messages (`axes.axis_buffers`)."""
+    reduced = sum(n for d, (n, _) in groups.items() if d > 1)
+    out = bucket_bytes(policy, layout, reduced)
+    e = policy.activation_bytes
+    if layout.zero == 3 and max(groups) > 1:
+        block = block_params(model.hidden, layout.tp) + axes.block_delta(model, layout)
+        out += 2 * policy.weight_bytes * block
     if layout.ckpt != "none":
-        e = policy.activation_bytes
         out += block_bytes(model, b, layout, e, "none")
-    return out
+    return out + axes.axis_buffers(model, layout, b * model.seq // layout.cp, e)
 
 
 def memory(

@@ -3,17 +3,19 @@
 `Prediction.to_dict()` keys (stable; the HTML book's planner uses the same):
 
     model, policy, layout, hardware   the inputs' own dicts; batch (sequences)
-    gpus                              dp x tp x pp
+    gpus                              dp x tp x pp x ep x cp
     memory    parameters, gradients, optimizer, activations, buffers, total:
               bytes on the fullest rank (plan.memory)
     by_rank   the same for each pipeline rank, first to last
     fits      total <= the hardware's memory
-    time      compute, bubble, tp, pp, dp, total: seconds per step (plan.timing)
-    wire      tp, pp, dp: wire bytes per step, the busiest rank's
+    time      compute, bubble, tp, pp, dp (cp, ep above 1), total: seconds per
+              step (plan.timing)
+    wire      tp, pp, dp (cp, ep above 1): wire bytes per step, the busiest
+              rank's
     flops     FLOPs per step of the busiest rank
     tokens_per_s  batch x seq / time.total
     mfu       the model's FLOPs per step (3 forwards of every stage, no
-              recompute, times d m micro-batches) / (gpus x the dtype's peak
+              recompute, times d ep m micro-batches) / (gpus x the dtype's peak
               FLOP/s x time.total); peak = Hardware.rate / efficiency
 """
 
@@ -24,9 +26,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from distcourse.plan.checks import check
 from distcourse.plan.hardware import Hardware
 from distcourse.plan.memory import memory
-from distcourse.plan.spec import CKPT, DTypePolicy, ModelSpec, PlanLayout, check
+from distcourse.plan.spec import CKPT, DTypePolicy, ModelSpec, PlanLayout
 from distcourse.plan.timing import stage_flops, step_time
 
 
@@ -57,11 +60,11 @@ class Prediction:
     def mfu(self) -> float:
         """Model FLOPs of the step (every stage, once) over what the GPUs could do."""
         L = self.layout
-        b = self.batch // (L.dp * L.micro_batches)
+        b = self.batch // (L.shares * L.micro_batches)
         plain = PlanLayout(pp=L.pp, virtual=L.virtual, schedule=L.schedule)
         stages = range(L.pp * L.virtual)
         useful = (
-            L.dp
+            L.shares
             * L.micro_batches
             * sum(stage_flops(self.model, b, plain, k) for k in stages)
         )
@@ -107,7 +110,7 @@ def predict(
     gpus: int | None = None,
 ) -> Prediction:
     """Memory per rank and step time of `layout`; ValueError naming the broken
-    constraint if it is impossible (`spec.check`)."""
+    constraint if it is impossible (`checks.check`)."""
     check(model, batch, layout, gpus)
     fullest, ranks = memory(model, batch, policy, layout)
     seconds, wire, flops = step_time(model, batch, policy, layout, hw)
@@ -135,16 +138,19 @@ def candidates(
     pp = 1, gradient accumulation); with tp > 1 sequence parallelism on;
     gradients as bucket views; ZeRO 0-3; checkpointing none, selective, full.
     `fixed` (PlanLayout keys) keeps the degrees it names and sets the other
-    fields. Impossible layouts are left out."""
+    fields (ep and cp stay 1 unless fixed; then dp x tp x pp fill the rest).
+    Impossible layouts are left out."""
     fixed = dict(fixed or {})
     PlanLayout.from_dict(fixed)  # unknown keys and bad values, by name
     keep = {k: fixed.pop(k) for k in DEGREES if k in fixed}
+    ep, cp = fixed.get("ep", 1), fixed.get("cp", 1)
+    rest = gpus // (ep * cp) if gpus % (ep * cp) == 0 else 0
     found: list[PlanLayout] = []
-    for dp, tp in itertools.product(divisors(gpus), divisors(gpus)):
-        if gpus % (dp * tp) or tp > hw.gpus_per_node:
+    for dp, tp in itertools.product(divisors(rest), divisors(rest)):
+        if rest % (dp * tp) or tp > hw.gpus_per_node:
             continue
-        pp = gpus // (dp * tp)
-        share = batch // dp if batch % dp == 0 else 0
+        pp = rest // (dp * tp)
+        share = batch // (dp * ep) if batch % (dp * ep) == 0 else 0
         ms = [m for m in divisors(share) if m >= pp]
         runs = [("1f1b", 1), ("interleaved", 2)] if pp > 1 else [("1f1b", 1)]
         for m, zero, ckpt, (schedule, v) in itertools.product(ms, range(4), CKPT, runs):

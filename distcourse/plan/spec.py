@@ -4,12 +4,18 @@ that refuse an impossible one before anything is computed.
 Every input is a frozen dataclass with `to_dict` / `from_dict` over plain JSON
 values, with these key names (stable: the HTML book's planner reads them):
 
-    model   layers, hidden, heads, seq, vocab
+    model   layers, hidden, heads, seq, vocab, experts (0: dense), top_k,
+            capacity_factor
     policy  dtype ("fp32" | "bf16"), reduce ("fp32" | "bf16"), optimizer
             ("adamw" | "sgd")
     layout  dp, tp, pp, micro_batches, zero (0-3), sp (bool), ckpt ("none" |
             "selective" | "full"), schedule ("gpipe" | "1f1b" | "interleaved"),
-            virtual (stages per rank, interleaved only), bucket_view (bool)
+            virtual (stages per rank, interleaved only), bucket_view (bool),
+            ep, cp (chapter 12's expert and context parallelism; `plan.axes`)
+
+The MoE keys appear in `to_dict` only with experts > 0, ep and cp only above 1,
+as the prediction's cp and ep times and bytes: a chapter 10 input's dict is
+unchanged.
 
 The model is `examples.gpt.TinyGPT`'s shape: L blocks of width h with a heads,
 learned positions for seq tokens, a vocabulary of V, an untied head. Its
@@ -17,6 +23,9 @@ parameters (each block: 4 h x h attention matrices with biases, the 4h MLP with
 biases, two norms; then embeddings, final norm, head):
 
     params = L (12 h^2 + 13 h) + 2 V h + seq h + 2 h
+
+With E = experts > 0 every block's MLP (8 h^2 + 5 h) is E experts of that size
+and a router of h E: params += L ((E - 1)(8 h^2 + 5 h) + h E).
 
 `ModelSpec.from_params(N)` picks such a shape for a count alone: h the multiple of
 1024 nearest (128 N / 12)^(1/3) (so that L comes near h / 128, the aspect of GPT-3
@@ -38,7 +47,7 @@ CKPT = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
-def _count(value: object, name: str, least: int = 1) -> int:
+def count(value: object, name: str, least: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
     return value
@@ -63,17 +72,28 @@ def from_plain(cls: type, data: dict[str, Any]) -> Any:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A TinyGPT-shaped model: blocks, width, heads, sequence length, vocabulary."""
+    """A TinyGPT-shaped model: blocks, width, heads, sequence length, vocabulary;
+    with experts > 0, a mixture of experts (top_k of them a token, each taking at
+    most capacity_factor x its even share)."""
 
     layers: int
     hidden: int
     heads: int
     seq: int
     vocab: int
+    experts: int = 0
+    top_k: int = 1
+    capacity_factor: float = 1.25
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            _count(getattr(self, f.name), f.name)
+        for name in ("layers", "hidden", "heads", "seq", "vocab", "top_k"):
+            count(getattr(self, name), name)
+        count(self.experts, "experts", 0)
+        f = self.capacity_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0:
+            raise ValueError(f"capacity_factor must be a number > 0, got {f!r}")
+        if self.experts and self.top_k > self.experts:
+            raise ValueError(f"top_k={self.top_k} is more than experts={self.experts}")
         if self.hidden % self.heads:
             raise ValueError(
                 f"hidden={self.hidden} is not divisible by heads={self.heads}"
@@ -81,9 +101,10 @@ class ModelSpec:
 
     @property
     def params(self) -> int:
-        """L (12 h^2 + 13 h) + 2 V h + seq h + 2 h."""
-        L, h = self.layers, self.hidden
-        return L * (12 * h * h + 13 * h) + 2 * self.vocab * h + self.seq * h + 2 * h
+        """L (12 h^2 + 13 h) + 2 V h + seq h + 2 h (+ the experts, E > 0)."""
+        L, h, E = self.layers, self.hidden, self.experts
+        dense = L * (12 * h * h + 13 * h) + 2 * self.vocab * h + self.seq * h + 2 * h
+        return dense + (L * ((E - 1) * (8 * h * h + 5 * h) + h * E) if E else 0)
 
     def config(self) -> GPTConfig:
         """The same shape as examples.gpt's GPTConfig (block_size = seq)."""
@@ -111,8 +132,14 @@ class ModelSpec:
         layers = max(4, 4 * round(rest / (12 * h * h + 13 * h) / 4))
         return cls(layers, h, h // 128, seq, vocab)
 
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        """Every field; the MoE keys only with experts > 0 (a dense model's dict
+        stays chapter 10's)."""
+        out = asdict(self)
+        if not self.experts:
+            for key in ("experts", "top_k", "capacity_factor"):
+                del out[key]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
@@ -177,7 +204,7 @@ class DTypePolicy:
 
 @dataclass(frozen=True)
 class PlanLayout:
-    """Degrees (dp x tp x pp GPUs) and how each rank runs its part."""
+    """Degrees (dp x tp x pp x ep x cp GPUs) and how each rank runs its part."""
 
     dp: int = 1
     tp: int = 1
@@ -189,10 +216,12 @@ class PlanLayout:
     schedule: str = "1f1b"
     virtual: int = 1
     bucket_view: bool = False
+    ep: int = 1
+    cp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "micro_batches", "virtual"):
-            _count(getattr(self, name), name)
+        for name in ("dp", "tp", "pp", "micro_batches", "virtual", "ep", "cp"):
+            count(getattr(self, name), name)
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ValueError(
                 f"zero (the ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}"
@@ -207,89 +236,30 @@ class PlanLayout:
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.tp * self.pp
+        """dp x tp x pp x ep x cp, as `hybrid.layout.Layout.world`."""
+        return self.dp * self.tp * self.pp * self.ep * self.cp
+
+    @property
+    def shares(self) -> int:
+        """The batch's shares: dp x ep (expert-parallel ranks hold other tokens)."""
+        return self.dp * self.ep
 
     @property
     def name(self) -> str:
-        """'dp x tp x pp', e.g. '8x8x1'."""
-        return f"{self.dp}x{self.tp}x{self.pp}"
+        """'dp x tp x pp', e.g. '8x8x1'; ep and cp above 1 follow: '8x8x1 ep2'."""
+        extra = "".join(
+            f" {a}{getattr(self, a)}" for a in ("ep", "cp") if getattr(self, a) > 1
+        )
+        return f"{self.dp}x{self.tp}x{self.pp}{extra}"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field; ep and cp only above 1 (chapter 10's dict otherwise)."""
+        out = asdict(self)
+        for key in ("ep", "cp"):
+            if out[key] == 1:
+                del out[key]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PlanLayout:
         return from_plain(cls, data)
-
-
-def check(
-    model: ModelSpec, batch: int, layout: PlanLayout, gpus: int | None = None
-) -> None:
-    """ValueError naming the constraint an impossible layout breaks (none sent).
-
-    dp x tp x pp = gpus; tp divides heads, hidden and vocab (heads and the
-    vocabulary split by TP); with sp, tp divides seq; pp divides layers (equal
-    stages; at most one stage per block); with interleaving, pp x virtual divides
-    layers and virtual >= 2; virtual > 1 only for interleaved; the batch divides
-    into dp shares of micro_batches equal micro-batches; with pp > 1, 1F1B and
-    interleaved need micro_batches >= pp, interleaving needs pp > 1 and m to
-    split into m // pp equal rounds (`pipeline.schedules.interleaved`). (With
-    pp = 1, micro_batches > 1 is gradient accumulation: the micro-batches run
-    one after another, their gradients summed before one reduction. The package's
-    HybridGPT takes micro-batches only with a pipeline.)
-    """
-    _count(batch, "batch")
-    L = layout
-    if gpus is not None and L.gpus != gpus:
-        raise ValueError(
-            f"dp={L.dp} x tp={L.tp} x pp={L.pp} = {L.gpus} GPUs, but there are {gpus}"
-        )
-    for name, value in (
-        ("heads", model.heads),
-        ("hidden", model.hidden),
-        ("vocab", model.vocab),
-    ):
-        if value % L.tp:
-            raise ValueError(f"{name}={value} is not divisible by tp={L.tp}")
-    if L.sp and model.seq % L.tp:
-        raise ValueError(
-            f"sequence parallel: seq={model.seq} is not divisible by tp={L.tp}"
-        )
-    if L.sp and L.tp == 1:
-        raise ValueError("sequence parallel (sp) needs tp > 1")
-    stages = L.pp * L.virtual
-    if stages > model.layers:
-        raise ValueError(
-            f"pp={L.pp} x virtual={L.virtual} = {stages} stages, "
-            f"more than layers={model.layers}"
-        )
-    if model.layers % stages:
-        raise ValueError(
-            f"layers={model.layers} do not divide into {stages} equal stages "
-            f"(pp={L.pp} x virtual={L.virtual})"
-        )
-    if L.schedule == "interleaved" and L.virtual < 2:
-        raise ValueError("the interleaved schedule needs virtual >= 2 stages per rank")
-    if L.schedule != "interleaved" and L.virtual > 1:
-        raise ValueError(
-            f"virtual={L.virtual} stages per rank needs schedule=interleaved"
-        )
-    if L.schedule == "interleaved" and L.pp == 1:
-        raise ValueError("the interleaved schedule needs a pipeline: pp=1")
-    rounds = max(1, L.micro_batches // L.pp)
-    if L.schedule == "interleaved" and L.micro_batches % rounds:
-        raise ValueError(
-            f"interleaved 1F1B runs micro-batches in m // pp = {rounds} equal rounds:"
-            f" micro_batches={L.micro_batches} does not split into {rounds}"
-        )
-    if L.pp > 1 and L.schedule != "gpipe" and L.micro_batches < L.pp:
-        raise ValueError(
-            f"{L.schedule} needs micro_batches >= pp: {L.micro_batches} < pp={L.pp}"
-        )
-    if batch % L.dp:
-        raise ValueError(f"batch={batch} does not split into dp={L.dp} equal shares")
-    if (batch // L.dp) % L.micro_batches:
-        raise ValueError(
-            f"a share of {batch // L.dp} (batch {batch} / dp={L.dp}) does not split "
-            f"into micro_batches={L.micro_batches}"
-        )

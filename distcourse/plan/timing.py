@@ -47,17 +47,24 @@ A = n h e, the bytes of one activation. Over the rank's stages k:
 Seconds per axis: the max over pipeline ranks of steps x alpha + bytes x beta,
 with the axis's link's (alpha, beta); `wire` is the max over ranks of the bytes.
 
-    step = compute + bubble + tp + pp + dp (seconds; an upper bound: nothing
-    overlaps).
+With ep or cp above 1 (`plan.axes`): n = b s // cp tokens a micro-batch on a
+rank, b = batch / (d ep m); the MoE FLOPs; axes cp and ep (keys only when their
+degree is above 1), m x (the rank's blocks) x the layer's bytes and steps; the
+gradients of each parameter group of `axes` reduced over its ranks (dp x ep x cp
+dense, dp x cp experts), summed into dp. Grid (dp, pp, ep, cp, tp), tp
+innermost: cp in a node while t c <= GPUs per node, ep while t c ep does, pp
+while t c ep p does, dp while all the GPUs do.
+
+    step = compute + bubble + tp + pp + dp (+ cp + ep) (seconds; an upper bound:
+    nothing overlaps).
 """
 
 from __future__ import annotations
 
 from distcourse.comm.ledger import ring_wire_bytes
-from distcourse.parallel.hybrid.layout import Layout
-from distcourse.parallel.hybrid.recipe import Machine, links
+from distcourse.plan import axes
 from distcourse.plan.hardware import Hardware
-from distcourse.plan.memory import rank_stages, stage_params
+from distcourse.plan.memory import rank_groups, rank_stages
 from distcourse.plan.spec import DTypePolicy, ModelSpec, PlanLayout
 
 AXES = ("tp", "pp", "dp")
@@ -83,21 +90,32 @@ def stage_flops(model: ModelSpec, b: int, layout: PlanLayout, stage: int) -> int
     """Forward + backward (+ recompute) FLOPs of a stage for one micro-batch, whole
     (before the split over tp)."""
     stages = layout.pp * layout.virtual
-    n, s, h = b * model.seq, model.seq, model.hidden
+    n, s, h = b * model.seq // layout.cp, model.seq, model.hidden
     blocks = model.layers // stages
-    forward = blocks * n * (24 * h * h + 4 * s * h)
+    block = n * (24 * h * h + 4 * s * h) + axes.moe_flops_delta(model, n)
+    forward = blocks * block
     if stage == stages - 1:
         forward += 2 * n * h * model.vocab
     recompute = {"none": 0, "selective": blocks * 4 * n * s * h}.get(
-        layout.ckpt, blocks * n * (24 * h * h + 4 * s * h)
+        layout.ckpt, blocks * block
     )
     return 3 * forward + recompute
 
 
+def layout_axes(layout: PlanLayout) -> tuple[str, ...]:
+    """tp, pp, dp, and cp, ep where their degree is above 1."""
+    return AXES + tuple(a for a in ("cp", "ep") if getattr(layout, a) > 1)
+
+
 def axis_links(layout: PlanLayout, hw: Hardware) -> dict[str, str]:
-    """'node', 'network' or '-' (degree 1) for each axis."""
-    machine = Machine(hw.name, hw.gpus_per_node, 0, 0, 0)
-    return links(Layout(layout.dp, layout.pp, layout.tp), machine)
+    """'node', 'network' or '-' (degree 1) for each axis (grid dp, pp, ep, cp, tp;
+    as `hybrid.recipe.links` for dp, pp, tp)."""
+    span, where = 1, {}
+    for axis in ("tp", "cp", "ep", "pp", "dp"):
+        span *= getattr(layout, axis)
+        link = "node" if span <= hw.gpus_per_node else "network"
+        where[axis] = link if getattr(layout, axis) > 1 else "-"
+    return {axis: where[axis] for axis in layout_axes(layout)}
 
 
 def rank_messages(
@@ -105,11 +123,16 @@ def rank_messages(
 ) -> dict[str, tuple[int, int]]:
     """Per axis: (wire bytes, alpha steps) pipeline rank `rank` sends in a step."""
     stages, t, m = layout.pp * layout.virtual, layout.tp, layout.micro_batches
-    b = batch // (layout.dp * m)
-    n = b * model.seq
-    A = n * model.hidden * policy.activation_bytes
+    b = batch // (layout.shares * m)
+    n, e = b * model.seq // layout.cp, policy.activation_bytes
+    A = n * model.hidden * e
     tp = pp = tp_steps = pp_steps = 0
+    out = {a: (0, 0) for a in layout_axes(layout)}
+    layer = axes.layer_messages(model, layout, n, e)
     for k in rank_stages(layout, rank):
+        for axis, (nbytes, steps) in layer.items():
+            times = m * model.layers // stages
+            out[axis] = (out[axis][0] + times * nbytes, out[axis][1] + times * steps)
         first, last = k == 0, k == stages - 1
         calls = 4 * model.layers // stages + first + last
         tp += m * calls * ring_wire_bytes("all_reduce", A, t)
@@ -118,13 +141,13 @@ def rank_messages(
         sends = (not last) + (not first) if layout.pp > 1 else 0
         pp += m * sends * A
         pp_steps += m * sends
-    total = sum(stage_params(model, layout, k) for k in rank_stages(layout, rank))
-    d = layout.dp
     dp = dp_steps = 0
-    for op, what in DP_COLLECTIVES[layout.zero]:
-        dp += ring_wire_bytes(op, handed_in(op, what, policy, total, d), d)
-        dp_steps += ALPHA_STEPS[op] * (d - 1)
-    return dict(tp=(tp, tp_steps), pp=(pp, pp_steps), dp=(dp, dp_steps))
+    for d, (total, _) in rank_groups(model, layout, rank).items():
+        for op, what in DP_COLLECTIVES[layout.zero]:
+            dp += ring_wire_bytes(op, handed_in(op, what, policy, total, d), d)
+            dp_steps += ALPHA_STEPS[op] * (d - 1)
+    out.update(tp=(tp, tp_steps), pp=(pp, pp_steps), dp=(dp, dp_steps))
+    return out
 
 
 def step_time(
@@ -136,7 +159,7 @@ def step_time(
 ) -> tuple[dict[str, float], dict[str, int], int]:
     """(seconds by part with 'total', wire bytes per axis, FLOPs): busiest rank's."""
     t, p, m = layout.tp, layout.pp, layout.micro_batches
-    b = batch // (layout.dp * m)
+    b = batch // (layout.shares * m)
     rate = hw.rate(policy.dtype)
     per_rank = [
         sum(stage_flops(model, b, layout, k) for k in rank_stages(layout, r)) // t
@@ -145,8 +168,8 @@ def step_time(
     unit = max(per_rank) / rate
     seconds = dict(compute=m * unit, bubble=(p - 1) / layout.virtual * unit)
     where = axis_links(layout, hw)
-    wire = {axis: 0 for axis in AXES}
-    for axis in AXES:
+    wire = {axis: 0 for axis in layout_axes(layout)}
+    for axis in wire:
         alpha, beta = hw.link(where[axis])
         worst = 0.0
         for r in range(p):
