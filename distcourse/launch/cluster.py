@@ -43,6 +43,10 @@ _CONTROLLER_ARGS = [
 _ENGINE_ARGS = [
     "--IPEngine.enable_nanny=False",  # the watchdog does the nanny's job
     "--IPEngine.wait_for_url_file=60",
+    # ipyparallel's engine gives up on registering after 5 s and exits 0: seen in CI
+    # on 2 cores with other tests running ("Engine set stopped: exit_code 0"); the
+    # controller answers within HUB_TIMEOUT, so the engines wait as long
+    f"--IPEngine.timeout={HUB_TIMEOUT}",
 ]
 
 
