@@ -13,6 +13,7 @@ from distcourse.launch import spawn
 from distcourse.parallel.tensor import (
     block_activation_bytes,
     block_memory,
+    fused_attention_lse_bytes,
     korthikanti_bytes,
     layer_activation_bytes,
     parallelize_block,
@@ -97,6 +98,32 @@ def test_the_general_formula_is_ours_and_measures_dropouts_masks() -> None:
     assert sum(measured.values()) == sum(want.values())
     with pytest.raises(ValueError, match="recompute must be one of"):
         layer_activation_bytes(B, T, H, HEADS, recompute="some")
+
+
+def test_cuda_counts_what_torchs_shape_function_for_its_kernel_makes() -> None:
+    """No GPU here: the CUDA count is checked against the shapes torch's meta kernel
+    of `_scaled_dot_product_efficient_attention` gives (the log-sum-exp, the seed
+    and the offset its backward keeps beside q, k, v and the output)."""
+    efficient = torch.ops.aten._scaled_dot_product_efficient_attention
+    for b, heads, seq in ((2, 4, 8), (1, 3, 40), (4, 1, 32)):
+        q = torch.empty(b, heads, seq, 16, device="meta")
+        _, *kept = efficient(q, q, q, None, True)
+        want = sum(t.numel() * t.element_size() for t in kept)
+        assert fused_attention_lse_bytes(b, heads, seq, device_type="cuda") == want
+        assert fused_attention_lse_bytes(b, heads, seq) == b * heads * seq * 4
+    cpu = layer_activation_bytes(B, T, H, HEADS, 2)
+    cuda = layer_activation_bytes(B, T, H, HEADS, 2, device_type="cuda")
+    assert cuda["scores"] - cpu["scores"] == B * HEADS // 2 * (32 - T) * 4 + 16
+    for t, sp in ((1, False), (4, False), (4, True)):  # the two formulas agree
+        options = dict(sequence_parallel=sp, device_type="cuda")
+        ours = layer_activation_bytes(B, T, H, HEADS, t, **options)
+        block = block_activation_bytes(B, T, H, HEADS, t, **options)
+        assert sum(ours.values()) == sum(block.values())
+    selective = layer_activation_bytes(B, T, H, HEADS, recompute="selective")
+    cuda = layer_activation_bytes(
+        B, T, H, HEADS, recompute="selective", device_type="cuda"
+    )
+    assert selective == cuda  # the recomputed core keeps neither
 
 
 def test_a_whole_steps_activations_equal_the_planners() -> None:

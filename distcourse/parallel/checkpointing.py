@@ -22,7 +22,6 @@ Two policies on a transformer block, as Korthikanti et al. 2022 name them:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +36,10 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
+from distcourse import clock
+
 POLICIES = ("none", "selective", "full")
+Device = torch.device | str
 
 
 class Checkpointed(nn.Module):
@@ -125,18 +127,21 @@ def step_flops(run: Callable[[], Tensor]) -> int:
     return counter.get_total_flops()
 
 
-def step_seconds(run: Callable[[], Tensor], repeats: int = 5) -> float:
-    """The fastest of `repeats` timed forward-and-backward steps (after one warm-up):
-    the minimum is the least disturbed by other work on a shared machine."""
+def step_seconds(
+    run: Callable[[], Tensor], repeats: int = 5, device: Device = "cpu"
+) -> float:
+    """The fastest of `repeats` forward-and-backward steps (after one warm-up), each
+    timed on `device`, where `run` computes (`clock.timed`: synchronized, or CUDA
+    events on a GPU): the minimum is the least disturbed by other work."""
     run().backward()
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
-        run().backward()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock.timed(lambda: run().backward(), device))
     return best
 
 
-def step_cost(run: Callable[[], Tensor], repeats: int = 5) -> dict[str, float]:
-    """{"flops": counted, "seconds": timed} of one step of `run`."""
-    return {"flops": step_flops(run), "seconds": step_seconds(run, repeats)}
+def step_cost(
+    run: Callable[[], Tensor], repeats: int = 5, device: Device = "cpu"
+) -> dict[str, float]:
+    """{"flops": counted, "seconds": timed on `device`} of one step of `run`."""
+    return {"flops": step_flops(run), "seconds": step_seconds(run, repeats, device)}

@@ -33,12 +33,12 @@ On the reader's machine (`local`): alpha and beta from chapter 2's fit
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
+from distcourse import clock
 from distcourse.plan.spec import from_plain
 
 GB = 10**9
@@ -190,16 +190,9 @@ def matmul_rate(
 ) -> float:
     """FLOP/s of a (size x size) @ (size x size) matmul on `device` (on CPU, this
     process's threads): 2 size^3 per product, the median of `repeats` after one
-    warm-up (a GPU is synchronized around each)."""
+    warm-up, each timed on the device (`clock.timed`: CUDA events on a GPU)."""
     a = torch.randn(size, size, dtype=dtype, device=device)
     b = torch.randn(size, size, dtype=dtype, device=device)
-    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
     torch.mm(a, b)
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        torch.mm(a, b)
-        sync()
-        times.append(time.perf_counter() - start)
+    times = [clock.timed(lambda: torch.mm(a, b), a.device) for _ in range(repeats)]
     return 2 * size**3 / sorted(times)[repeats // 2]

@@ -5,7 +5,8 @@
 - `ring`: ring_attention (keys and values passed round the ring, online softmax;
   a backward that passes their gradients home), Work (blocks computed);
 - `cost`: wire bytes (ring_bytes), memory kept for backward (saved_bytes against
-  saved_bytes_formula) and work per rank (work_blocks, imbalance) by formula;
+  saved_bytes_formula; one process's fused attention, on the CPU and on CUDA:
+  full_attention_formula) and work per rank (work_blocks, imbalance) by formula;
 - `check`: the chapter's checks against one process's attention
   (against_full_attention) and of bytes, memory and blocks (wire_and_memory);
 - `torch_side`: torch's `context_parallel` (its split runs on CPU, its attention
@@ -16,6 +17,7 @@
 """
 
 from distcourse.parallel.context.cost import (
+    full_attention_formula,
     imbalance,
     ring_bytes,
     saved_bytes,
@@ -38,6 +40,7 @@ __all__ = [
     "block_mask",
     "check_sequence",
     "chunk_ids",
+    "full_attention_formula",
     "imbalance",
     "positions",
     "ring_attention",

@@ -32,11 +32,15 @@ Shape = tuple[int, int, int, int]  # (B, H, T, D) of the whole sequence
 Attention = Callable[..., Tensor]
 
 
-def inputs(shape: Shape, seed: int = 0) -> list[Tensor]:
+def inputs(
+    shape: Shape, seed: int = 0, device: torch.device | str | None = None
+) -> list[Tensor]:
     """q, k, v and an output weight w (for a loss sum(out * w)), whole, seeded:
-    the same on every rank, on the rank's device."""
+    the same on every rank, drawn on the host and moved to `device` (default: the
+    rank's)."""
+    device = runtime.device() if device is None else device
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=gen).to(runtime.device()) for _ in range(4)]
+    return [torch.randn(shape, generator=gen).to(device) for _ in range(4)]
 
 
 def against_full_attention(
@@ -101,10 +105,15 @@ def wire_and_memory(
     }
 
 
-def full_attention_kept(shape: Shape, causal: bool = True) -> int:
+def full_attention_kept(
+    shape: Shape, causal: bool = True, device: torch.device | str | None = None
+) -> int:
     """Bytes PyTorch's fused attention keeps for backward on one process, for the
-    whole sequence (the reference the per-rank memory divides)."""
-    q, k, v, _ = (t.requires_grad_() for t in inputs(shape))
+    whole sequence, measured on `device` (default: the rank's). What the kernel
+    keeps depends on the device (`cost.full_attention_formula`): the CPU's keeps
+    exactly cp times what a rank of ring attention keeps, CUDA's more. No messages.
+    """
+    q, k, v, _ = (t.requires_grad_() for t in inputs(shape, device=device))
 
     def run(*qkv: Tensor) -> Tensor:
         return F.scaled_dot_product_attention(*qkv, is_causal=causal)

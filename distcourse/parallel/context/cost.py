@@ -12,8 +12,11 @@ this rank's K (= of its V), B·H·(T/cp)·D values:
 
 **Memory kept for backward** (what the saved-tensor hooks see): q, k, v, out and one
 log-sum-exp per head and token, this rank's T/cp tokens only:
-(4·B·H·(T/cp)·D + B·H·T/cp) values, exactly 1/cp of what PyTorch's fused attention
-keeps on one process for the whole sequence (on CPU: q, k, v, out, lse). Not
+(4·B·H·(T/cp)·D + B·H·T/cp) values, on any device (the ring is ours, not a
+kernel's). That is exactly 1/cp of what PyTorch's fused attention keeps on one
+process for the whole sequence on the CPU (q, k, v, out, lse). CUDA's kernel keeps
+more (`full_attention_formula`): fp32 runs its memory-efficient kernel, whose
+log-sum-exp is padded to a multiple of 32 tokens, plus its random-number state. Not
 kept, but alive during a step: the K/V message in use and the one arriving (4X
 bytes in the forward; in the backward, with dK and dV, 8X).
 
@@ -27,6 +30,7 @@ rank computes 4cp.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -58,6 +62,30 @@ def saved_bytes_formula(
     """Bytes one rank keeps for backward: q, k, v, out and lse of T/cp tokens."""
     tokens = batch * heads * (seq // cp)
     return (4 * tokens * head_dim + tokens) * value_bytes
+
+
+def full_attention_formula(
+    batch: int, heads: int, seq: int, head_dim: int, device_type: str = "cpu"
+) -> int:
+    """Bytes PyTorch's fused attention (`F.scaled_dot_product_attention`, fp32)
+    keeps for backward on one process, for the whole sequence: q, k, v, out, and
+
+    - on the CPU (`_scaled_dot_product_flash_attention_for_cpu`): one log-sum-exp
+      per head and token, measured by the tests and the chapter;
+    - on CUDA, the memory-efficient kernel (FlashAttention and cuDNN's take only
+      fp16 and bf16: pytorch/pytorch aten/src/ATen/native/transformers/cuda/
+      sdp_utils.cpp, `check_dtypes_low_precision`; the memory-efficient kernel
+      takes fp32 on sm80 and later): its log-sum-exp, float32, padded to a multiple
+      of 32 tokens, and its
+      random-number state, a seed and an offset (two int64). Torch's own shape
+      function says so (`meta__scaled_dot_product_efficient_attention` in
+      torch/_meta_registrations.py, torch 2.14.1: `logsumexp_dim = math.ceil(M /
+      32) * 32`, then 0-d long `seed` and `offset`); not measured here (no GPU).
+    """
+    values = 4 * batch * heads * seq * head_dim * 4  # q, k, v, out
+    if device_type == "cuda":
+        return values + batch * heads * math.ceil(seq / 32) * 32 * 4 + 2 * 8
+    return values + batch * heads * seq * 4
 
 
 def saved_bytes(fn: Callable[..., Tensor], *args: Tensor) -> int:

@@ -15,7 +15,8 @@
   (block_memory, saved_activation_bytes; a whole step's: step_activation_bytes)
   and by formula (block_activation_bytes,
   korthikanti_bytes, and layer_activation_bytes: both as one formula, with
-  recompute).
+  recompute; fused_attention_lse_bytes: what torch's fused attention keeps beside
+  q, k, v and its output, on the CPU and on CUDA).
 """
 
 from distcourse.parallel.tensor.blocks import (
@@ -34,6 +35,7 @@ from distcourse.parallel.tensor.layers import ColumnParallelLinear, RowParallelL
 from distcourse.parallel.tensor.memory import (
     block_activation_bytes,
     block_memory,
+    fused_attention_lse_bytes,
     korthikanti_bytes,
     layer_activation_bytes,
     saved_activation_bytes,
@@ -64,6 +66,7 @@ __all__ = [
     "block_memory",
     "differences",
     "full_state_dict",
+    "fused_attention_lse_bytes",
     "gradient_differences",
     "korthikanti_bytes",
     "layer_activation_bytes",

@@ -158,10 +158,7 @@ def block_activation_bytes(
     The table in this module's docstring, for a (batch, seq, width) input split `tp`
     ways (heads and width must divide by tp; with sequence_parallel, seq too).
     Measured on CPU, where the fused kernel keeps one log-sum-exp per head and
-    token. For CUDA the count follows what torch's own shape function says fp32
-    attention's memory-efficient kernel keeps (`meta__scaled_dot_product_efficient_
-    attention`: the log-sum-exp padded to a multiple of 32 tokens, two int64 random
-    offsets); no test here has measured that on a GPU.
+    token; on CUDA, `fused_attention_lse_bytes` says what its kernel keeps instead.
     """
     for name, value in (("heads", heads), ("width", width)):
         if value % tp:
@@ -171,11 +168,38 @@ def block_activation_bytes(
     h, a, b, s = width, heads, batch, seq
     norm_tokens = b * s // tp if sequence_parallel else b * s
     norm = norm_tokens * (h + 2) * value_bytes
-    lse_seq, offsets = (math.ceil(s / 32) * 32, 16) if device_type == "cuda" else (s, 0)
     attn = b * s * (h + 4 * h // tp) * value_bytes
-    attn += b * (a // tp) * lse_seq * value_bytes + offsets
+    attn += fused_attention_lse_bytes(b, a // tp, s, value_bytes, device_type)
     mlp = b * s * (h + 8 * h // tp) * value_bytes
     return {"ln1": norm, "attn": attn, "ln2": norm, "mlp": mlp}
+
+
+def fused_attention_lse_bytes(
+    batch: int,
+    heads: int,
+    seq: int,
+    value_bytes: int = 4,
+    device_type: str = "cpu",
+) -> int:
+    """Bytes torch's fused attention keeps for backward besides q, k, v and its
+    output, for `heads` heads of `seq` tokens.
+
+    On the CPU (`_scaled_dot_product_flash_attention_for_cpu`): one log-sum-exp per
+    head and token, `value_bytes` each (measured by the tests). On CUDA, fp32 inputs
+    run the memory-efficient kernel: FlashAttention and cuDNN's take only fp16 and
+    bf16 (pytorch/pytorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+    `check_dtypes_low_precision`; `can_use_mem_efficient_attention` takes fp32 on
+    sm80 and later, head sizes divisible by 4). Its log-sum-exp is float32 and
+    padded to a multiple of 32 tokens, and it keeps its random-number state, a seed
+    and an offset (two int64), for the dropout it may replay: torch's own shape
+    function says so (`meta__scaled_dot_product_efficient_
+    attention` in torch/_meta_registrations.py, torch 2.14.1: `logsumexp_dim =
+    math.ceil(M / 32) * 32`, then `seed` and `offset`, 0-d long tensors). ROCm's
+    build pads nothing; no test here has measured the CUDA count on a GPU.
+    """
+    if device_type == "cuda":
+        return batch * heads * math.ceil(seq / 32) * 32 * 4 + 2 * 8
+    return batch * heads * seq * value_bytes
 
 
 def korthikanti_bytes(
@@ -208,6 +232,7 @@ def layer_activation_bytes(
     norm_stats: bool = True,
     recompute: str = "none",
     keep_gathered: bool = True,
+    device_type: str = "cpu",
 ) -> dict[str, int]:
     """One layer's activation bytes by term, for any dtype, dropout and recompute.
 
@@ -229,6 +254,8 @@ def layer_activation_bytes(
     keep the all-gathered input; Megatron-LM keeps its part and gathers it again).
     Recompute "selective" drops the scores (Korthikanti's attention core), "full"
     keeps only the layer's input (split by t with sequence parallelism).
+    `device_type` matters only for fused attention: "cuda" counts what CUDA's
+    kernel keeps instead of the CPU's (`fused_attention_lse_bytes`).
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
@@ -243,12 +270,15 @@ def layer_activation_bytes(
         return {"input": tokens * h * v // split}
     stats = 2 if norm_stats else 0
     norm = tokens * ((h + stats) * v) // split
-    per_head = s * (2 * v + m if m else v) if scores_kept else v  # bytes a token
+    if scores_kept:  # bytes of the scores, with dropout their mask and output
+        scores = tokens * a // tp * s * (2 * v + m if m else v)
+    else:  # fused: a log-sum-exp per head (on CUDA, padded, with an RNG state)
+        scores = fused_attention_lse_bytes(batch, a // tp, s, v, device_type)
     col_in = h * v if keep_gathered else h * v // split  # a column layer's input
     return {
         "ln1": norm,
         "attn": tokens * (col_in + 4 * h * v // tp + h * m // split),
-        "scores": 0 if recompute == "selective" else tokens * a // tp * per_head,
+        "scores": 0 if recompute == "selective" else scores,
         "ln2": norm,
         "mlp": tokens * (col_in + 8 * h * v // tp + h * m // split),
     }
