@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from distcourse import checks, plan
+from distcourse import checks, plan, runtime
 from distcourse.examples.gpt import Block, GPTConfig, TinyGPT, lm_loss, token_batches
 from distcourse.launch import spawn
 from distcourse.parallel import precision, zero
@@ -45,17 +45,20 @@ def _kept(name: str, twin: nn.Module, x: torch.Tensor, t: int = 1, **how) -> str
     got = saved_activation_bytes(run, x.contiguous())
     kept = how.get("scores_kept", False)
     options = dict(sequence_parallel=sp, scores_kept=kept, recompute=policy)
+    options["device_type"] = x.device.type
     want = layer_activation_bytes(B, T, H, A, t, **options)
     same = checks.max_over_ranks(float(sum(got.values()) != sum(want.values()))) == 0
     return f"{name} {sum(got.values()):,} bytes; == formula on every rank: {same}"
 
 
 def _memory(found: dict[str, str]) -> None:
-    n = dist.get_world_size()
+    n, device = dist.get_world_size(), runtime.device()  # as the chapter: on device
     torch.manual_seed(0)
-    block, x = Block(GPTConfig(n_embd=H, n_head=A, block_size=T)), torch.randn(B, T, H)
+    block = Block(GPTConfig(n_embd=H, n_head=A, block_size=T)).to(device)
+    x = torch.randn(B, T, H).to(device)
     torch.manual_seed(0)
     dropping = Block(GPTConfig(n_embd=H, n_head=A, block_size=T, dropout=0.1))
+    dropping.to(device)
     found["one process"] = _kept("one process", dropping, x)
     half = parallelize_block(block)
     half.mlp = block.mlp  # the MLP left whole
@@ -88,27 +91,33 @@ class AmsgradPrecision(precision.MixedPrecision):
 
 def _curve(mp: precision.MixedPrecision, mine: list) -> list[float]:
     curve = torch.tensor(
-        [mp.step(lambda m, x=x, y=y: lm_loss(m(x), y)) for x, y in mine]
+        [mp.step(lambda m, x=x, y=y: lm_loss(m(x), y)) for x, y in mine],
+        device=runtime.device(),
     )
     dist.all_reduce(curve)
     return (curve / dist.get_world_size()).tolist()
 
 
 def _precision(found: dict[str, str]) -> None:
-    n, rank = dist.get_world_size(), dist.get_rank()
-    mine = [(x.chunk(n)[rank], y.chunk(n)[rank]) for x, y in token_batches(60, 8)]
+    n, rank, device = dist.get_world_size(), dist.get_rank(), runtime.device()
+    mine = [
+        tuple(t.chunk(n)[rank].to(device) for t in batch)
+        for batch in token_batches(60, 8)
+    ]
     shapes = [p.numel() for p in TinyGPT().parameters()]
     numel, tensors = sum(shapes), len(shapes)
     curves = {}
     runs = (("fp32", FP32, True), ("no master", BF16, False), ("master", BF16, True))
     for name, param, master in runs:
         torch.manual_seed(0)
-        mp = AmsgradPrecision(TinyGPT(), 3e-3, param_dtype=param, master=master)
+        model = TinyGPT().to(device)
+        mp = AmsgradPrecision(model, 3e-3, param_dtype=param, master=master)
         _curve(mp, mine[:1])  # one step: the state exists
         same = mp.held() == precision.held_formula(numel, tensors, param, master)
         found[f"held {name}"] = f"{name} bytes a parameter; by kind == formula: {same}"
         torch.manual_seed(0)
-        mp = precision.MixedPrecision(TinyGPT(), 3e-3, param_dtype=param, master=master)
+        model = TinyGPT().to(device)
+        mp = precision.MixedPrecision(model, 3e-3, param_dtype=param, master=master)
         curves[name] = torch.tensor(_curve(mp, mine))
     gap = (curves["no master"] - curves["fp32"]).abs().max().item()
     found["curve"] = f"bf16: max |loss - fp32's| {checks.verdict(gap, 2e-2)}"
@@ -116,7 +125,7 @@ def _precision(found: dict[str, str]) -> None:
     found["strays"] = f"bf16, no master: strays by more than 2e-02: {gap > 2e-2}"
     torch.manual_seed(1)
     eps = torch.full((1000,), 1e-3) * (1 + torch.rand(1000))
-    values = eps + (1.0 if rank == 0 else 0.0)
+    values = (eps + (1.0 if rank == 0 else 0.0)).to(device)
     err = precision.reduction_error(values, BF16)  # the "fp32" sum run in bf16
     found["fp32 sum"] = f"all_reduce in fp32: {checks.verdict(err, 1e-6)}"
     err = precision.reduction_error(values, FP32)  # the "bf16" sum run in fp32

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from distcourse import checks
+from distcourse import checks, runtime
 from distcourse.comm.autograd import all_gather_along
 from distcourse.comm.ledger import Ledger
 from distcourse.examples.gpt import GPTConfig, TinyGPT, token_batches
@@ -38,7 +38,7 @@ def _gathered(q: Tensor, k: Tensor, v: Tensor, group: object, **kw: object) -> T
     seq = q.size(2) * cp
     mine = context.positions(seq, cp, rank, layout)
     theirs = torch.cat([context.positions(seq, cp, r, layout) for r in range(cp)])
-    mask = theirs[None, :] <= mine[:, None] if kw["causal"] else None
+    mask = (theirs[None, :] <= mine[:, None]).to(q.device) if kw["causal"] else None
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
 
 
@@ -87,9 +87,10 @@ def _attention(lines: dict[str, str]) -> None:
     )
     kept, formula = check.wire_and_memory(SHAPE, attention=_gathered)["kept"]
     lines["kept"] = f"kept for backward {kept} bytes = formula: {kept == formula}"
-    whole, share = check.full_attention_kept(SHAPE), kept * world
+    whole, share = check.full_attention_kept(SHAPE, device="cpu"), kept * world
     lines["share"] = (
-        f"one process keeps {whole} bytes; each rank 1/{world} of it: {share == whole}"
+        f"one process on SDPA's CPU kernel keeps {whole} bytes; "
+        f"each rank 1/{world} of it: {share == whole}"
     )
     for layout, other in zip(context.LAYOUTS, context.LAYOUTS[::-1], strict=True):
 
@@ -101,7 +102,7 @@ def _attention(lines: dict[str, str]) -> None:
         lines[f"blocks {layout}"] = (
             f"{layout:>10}: {blocks} blocks computed = formula: {blocks == formula}"
         )
-    x = torch.arange(16.0).view(1, 1, 16, 1)
+    x = torch.arange(16.0, device=runtime.device()).view(1, 1, 16, 1)
     same = torch.equal(
         torch_side.shard(x, 2), context.shard(x, 2, world, rank, "contiguous")
     )
@@ -134,11 +135,13 @@ def _faults() -> dict[str, str]:
         lines[fault, layout, "params"] = (
             f"{what} parameters after 3 SGD steps " + checks.verdict(params, 1e-5)
         )
-    model = cg.ContextGPT(TinyGPT(cfg), mesh.group("cp"))
+    device = runtime.device()  # as the chapter: the model and batch on the device
+    model = cg.ContextGPT(TinyGPT(cfg).to(device), mesh.group("cp"))
+    first = [(x.to(device), y.to(device)) for x, y in batches[:1]]
     with Ledger() as ledger:
-        cg.train_dp_cp(model, batches[:1], mesh, reduce=_only_dp)
+        cg.train_dp_cp(model, first, mesh, reduce=_only_dp)
     sent = ledger.bytes_sent()
-    want = cg.step_bytes(model, tuple(batches[0][0].shape), mesh)
+    want = cg.step_bytes(model, tuple(first[0][0].shape), mesh)
     lines["step bytes"] = (
         f"wire bytes of a dp x cp step {sent} = formula: {sent == want}"
     )
@@ -186,7 +189,7 @@ def test_a_call_without_its_check_fails_the_byte_formula(lines: dict) -> None:
 )
 @pytest.mark.controls(
     "12b_context",
-    r"one process keeps \d+ bytes; each rank 1/4 of it",
+    r"one process on SDPA's CPU kernel keeps \d+ bytes; each rank 1/4 of it",
     fault="K and V all-gathered and attended at once, the whole sequence kept",
 )
 def test_gathering_the_sequence_fails_the_memory_checks(lines: dict) -> None:
