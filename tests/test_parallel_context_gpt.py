@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from distcourse import runtime
 from distcourse.comm.ledger import Ledger
 from distcourse.examples.gpt import GPTConfig, TinyGPT, token_batches
 from distcourse.launch import spawn
@@ -31,19 +32,22 @@ def _run() -> dict[str, object]:
     mesh = cg.make_mesh(2)
     for layout in ("zigzag", "contiguous"):
         out[layout] = cg.against_one_process(mesh, cfg, batches, layout=layout)
-    model = cg.ContextGPT(TinyGPT(cfg), mesh.group("cp"))
+    device = runtime.device()  # the model and its batch on the rank's device
+    model = cg.ContextGPT(TinyGPT(cfg).to(device), mesh.group("cp"))
+    first = [(x.to(device), y.to(device)) for x, y in batches[:1]]
     with Ledger() as ledger:
-        cg.train_dp_cp(model, batches[:1], mesh)
-    want = cg.step_bytes(model, tuple(batches[0][0].shape), mesh)
+        cg.train_dp_cp(model, first, mesh)
+    want = cg.step_bytes(model, tuple(first[0][0].shape), mesh)
     out["step bytes"] = (ledger.bytes_sent(), want)
     layout = hybrid.Layout(dp=2, cp=2)  # chapter 8's Layout with its cp axis
     chapter8 = hybrid.make_mesh(layout)
     out["layout"] = cg.against_one_process(chapter8, cfg, batches)
     out["same grid"] = chapter8.coordinate == {**mesh.coordinate, "pp": 0, "tp": 0}
     model = cg.ContextGPT(TinyGPT(GPTConfig(block_size=12)), mesh.group("cp"))
+    model.to(device)
     with Ledger() as ledger:
         try:
-            model(torch.zeros(2, 5, dtype=torch.long))  # 10 tokens: not 4 chunks
+            model(torch.zeros(2, 5, dtype=torch.long, device=device))  # not 4 chunks
         except ValueError as err:
             out["sequence"] = str(err)
     out["sent seq"] = len(ledger.records)
