@@ -83,19 +83,27 @@ class Ring:
         return p2p.send_recv(x, right, left, self.g.group)
 
 
-def block_mask(q_chunk: int, k_chunk: int, c: int, causal: bool) -> Tensor | str | None:
+def block_mask(
+    q_chunk: int,
+    k_chunk: int,
+    c: int,
+    causal: bool,
+    device: torch.device | str | None = None,
+) -> Tensor | str | None:
     """How queries of chunk `q_chunk` see keys of `k_chunk`: None (every score), a
-    (c, c) boolean mask (the diagonal block: key at or before query) or SKIP."""
+    (c, c) boolean mask on `device` (the diagonal block: key at or before query) or
+    SKIP. Made where the scores are: a host mask copied to a GPU at every block
+    would stall the host each time."""
     if not causal or k_chunk < q_chunk:
         return None
     if k_chunk > q_chunk:
         return SKIP
-    return torch.ones(c, c, dtype=torch.bool).tril()
+    return torch.ones(c, c, dtype=torch.bool, device=device).tril()
 
 
 def _scores(q: Tensor, k: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     s = (q @ k.transpose(-2, -1)) * scale  # (B, H, c, c)
-    return s if mask is None else s.masked_fill(~mask.to(s.device), float("-inf"))
+    return s if mask is None else s.masked_fill(~mask, float("-inf"))
 
 
 def _forward(
@@ -111,7 +119,7 @@ def _forward(
     for step in range(ring.g.size):
         theirs, ks, vs = ring.ids(step), kv[0].chunk(2, 2), kv[1].chunk(2, 2)
         for a, b in ((a, b) for a in range(2) for b in range(2)):
-            mask = block_mask(mine[a], theirs[b], c, causal)
+            mask = block_mask(mine[a], theirs[b], c, causal, q.device)
             if isinstance(mask, str):
                 continue
             s = _scores(qs[a], ks[b], mask, scale)
@@ -143,7 +151,7 @@ def _backward(
         theirs = ring.ids(step)
         ks, vs, dks, dvs = (t.chunk(2, 2) for t in buf)
         for a, b in ((a, b) for a in range(2) for b in range(2)):
-            mask = block_mask(mine[a], theirs[b], c, causal)
+            mask = block_mask(mine[a], theirs[b], c, causal, q.device)
             if isinstance(mask, str):
                 continue
             p = torch.exp(_scores(qs[a], ks[b], mask, scale) - lses[a])
