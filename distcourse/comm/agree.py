@@ -34,10 +34,6 @@ REDUCE_OPS: dict[str, Callable[..., Tensor]] = {
 _NAMES: dict[int, str] = {}  # call ids seen on this rank, for readable errors
 
 
-class Disagreement(ValueError):
-    """Ranks made different calls: raised alike on every rank of the group."""
-
-
 @dataclass(frozen=True)
 class Members:
     """The calling rank's view of a process group: who it is and who its peers are."""
@@ -127,6 +123,7 @@ def agree(
     validate: Callable[[], int] = no_key,
     key_name: str = "",
     check: bool = True,
+    explain: Callable[[], str] | None = None,
 ) -> int:
     """Check this call on this rank, then (if `check`) that all ranks make the same one.
 
@@ -136,7 +133,9 @@ def agree(
     in errors (an op index for "op", a source rank for "src", ...). Returns that
     key. With `check`, every rank of `group` must call `agree` with the same
     `check`: it is one all_gather of `tensor`'s TensorSpec, `name` and the key
-    (none in a group of one rank).
+    (none in a group of one rank). When the ranks' calls differ, every rank calls
+    `explain` (if given: it may run a collective, as all ranks reach it) for the
+    error's text.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name}: expected a Tensor, got {type(tensor).__name__}")
@@ -160,10 +159,12 @@ def agree(
     if failed:
         raise ValueError(f"{name}: rank(s) {failed} rejected their arguments; stopping")
     if any(row != table[0] for row in table):
+        if explain is not None:
+            raise ValueError(explain())
         calls = "; ".join(
             f"rank {g.ranks[r]}: {_show(row, key_name)}" for r, row in enumerate(table)
         )
-        raise Disagreement(f"{name}: ranks disagree on shape, dtype or op: {calls}")
+        raise ValueError(f"{name}: ranks disagree on shape, dtype or op: {calls}")
     return key
 
 
@@ -187,7 +188,7 @@ def agree_tensors(
     One `agree`: the descriptor is a zero-byte tensor of shape (count, elements) in
     the first tensor's dtype, the key a digest of every entry and `config`. Only when
     they differ do the ranks gather their lists (all_gather_object) to name each
-    odd rank's first difference; every rank raises the same Disagreement. With no
+    odd rank's first difference; every rank raises the same ValueError. With no
     process group there is no peer to warn: `validate` raises first, then the
     missing group does.
     """
@@ -202,15 +203,16 @@ def agree_tensors(
         return digest
 
     first = tensors[0][1] if tensors else torch.zeros((), device=runtime.device())
-    elements = sum(t.numel() for _, t in tensors)
     blank = torch.zeros((), dtype=first.dtype, device=first.device)
-    try:
-        agree(name, blank.expand(len(entries), elements), group, validate=checked)
-    except Disagreement:
+
+    def explain() -> str:
         g = members(group, name)
         lists: list[Any] = [None] * g.size
         dist.all_gather_object(lists, (entries, setting), group=g.group)
-        raise Disagreement(_differences(name, lists, g.ranks)) from None
+        return _differences(name, lists, g.ranks)
+
+    shape = (len(entries), sum(t.numel() for _, t in tensors))
+    agree(name, blank.expand(shape), group, validate=checked, explain=explain)
 
 
 def _dtype(dtype: torch.dtype) -> str:

@@ -58,15 +58,16 @@ def fully_shard(
     """
     group = group_of(mesh)
     owners, tied = _own_parameters(module)
-    names = {id(p): n for n, p in module.named_parameters(remove_duplicate=False)}
+    kind = type(module).__name__  # names below as the module's, e.g. Linear.weight
+    names = {
+        id(p): f"{kind}.{n}" for n, p in module.named_parameters(remove_duplicate=False)
+    }
     full = [getattr(m, n) for m, n in owners]
     agree_tensors(
         "fully_shard",
         [(names.get(id(p), n), p) for (_, n), p in zip(owners, full, strict=True)],
         group,
-        config=dict(
-            module=type(module).__name__, reshard_after_forward=reshard_after_forward
-        ),
+        config=dict(module=kind, reshard_after_forward=reshard_after_forward),
         validate=functools.partial(_check_unit, module, owners, tied),
     )
     unit = Unit(owners, group, reshard_after_forward) if owners else None
