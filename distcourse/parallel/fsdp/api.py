@@ -54,7 +54,10 @@ def fully_shard(
     descriptor): the same names, shapes and dtypes of the parameters to shard, the
     same module type and `reshard_after_forward`. A model of another shape on one
     rank is then a ValueError naming that rank on every rank, not the first
-    forward's all-gather aborting (gloo) or hanging (NCCL).
+    forward's all-gather aborting (gloo) or hanging (NCCL). A rank that later skips
+    a forward is not caught this cheaply (its gathers carry no step number): the
+    group's timeout ends the wait, and `runtime.init(debug=True)` names the rank
+    (torch's DETAIL checks compare every collective's fingerprint).
     """
     group = group_of(mesh)
     owners, tied = _own_parameters(module)
