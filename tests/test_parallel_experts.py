@@ -14,6 +14,7 @@ import torch.distributed as dist
 from helpers import disagreements, timed_error
 
 from distcourse.checks import outcomes
+from distcourse.examples.gpt import GPTConfig
 from distcourse.launch import spawn
 from distcourse.parallel import experts, hybrid
 from distcourse.parallel.experts import cost
@@ -148,6 +149,12 @@ def _disagreeing() -> dict:
         "top_k": timed_error(
             lambda: experts.shard_experts(experts.MoE(8, 4, top_k=1 + odd))
         ),
+        "model": timed_error(  # rank 1's dense layers differ: its vocabulary
+            lambda: experts.parallelize(
+                experts.moe_gpt(experts.MoEConfig(gpt=GPTConfig(vocab=64 + odd))),
+                hybrid.make_mesh(hybrid.Layout(dp=1, ep=2)),
+            )
+        ),
     }
 
 
@@ -182,3 +189,13 @@ def test_a_top_k_that_differs_is_named(disagreeing: list[dict]) -> None:
     assert said[0] == said[1]
     assert "rank(s) [1] differ from rank 0" in said[0]
     assert "'top_k': 2" in said[0]
+
+
+def test_a_model_whose_dense_layers_differ_is_named(disagreeing: list[dict]) -> None:
+    said = [r["model"][0] for r in disagreeing]
+    assert said[0] == said[1]
+    assert "parallelize: rank(s) [1] differ from rank 0" in said[0]
+    assert (
+        "tok.weight float32[65, 32] where rank 0 has tok.weight float32[64, 32]"
+        in (said[0])
+    )

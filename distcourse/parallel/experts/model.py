@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from distcourse.comm.agree import agree_tensors
 from distcourse.examples.gpt import GPTConfig, TinyGPT, lm_loss
 from distcourse.mesh import Mesh
 from distcourse.parallel.experts.layer import (
@@ -88,9 +89,17 @@ def check_mesh(mesh: Mesh, n_experts: int) -> None:
 
 
 def parallelize(model: nn.Module, mesh: Mesh) -> nn.Module:
-    """Shard every MoE layer's experts over the mesh's ep axis, in place."""
-    for _, layer in moe_layers(model):
-        check_mesh(mesh, layer.n_experts)
+    """Shard every MoE layer's experts over the mesh's ep axis, in place.
+
+    First the world agrees on the model's parameter names, shapes and dtypes (one
+    small all-gather): `average_gradients` all-reduces them as flat buffers, and
+    `shard_experts` agrees only within each ep group."""
+
+    def fits() -> None:
+        for _, layer in moe_layers(model):
+            check_mesh(mesh, layer.n_experts)
+
+    agree_tensors("parallelize", list(model.named_parameters()), validate=fits)
     for _, layer in moe_layers(model):
         shard_experts(layer, mesh.group("ep"))
     return model
