@@ -6,6 +6,9 @@ all-gathers a small fixed-size descriptor of this rank's call (about 112 bytes),
 every rank compares the same table and all of them raise the same ValueError, naming
 the ranks, instead of some waiting forever. Ring collectives, point-to-point
 activation transfers, tensor-parallel layers and boxing all call it first.
+`agree_tensors` does the same for a model's parameters (names, shapes, dtypes) and
+settings, before `fully_shard`, ZeRO, `ShardedDDP` and `shard_experts` build flat
+buffers from them.
 """
 
 from __future__ import annotations
