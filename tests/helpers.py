@@ -10,6 +10,8 @@ the path, as tests/ is not a package).
 - `torchrun`: the arguments after `python` that start torchrun on this machine with
   a free port of its own, never torchrun's default 29500, which two test runs at
   once would share;
+- `timed_error` / `disagreements`: the error each rank's bad call raised and how
+  soon, for checks that ranks which disagree are named within seconds;
 - `torch_sequence_parallel_plan`: torch's `parallelize_module` plan for a TinyGPT
   block with sequence parallelism, as chapter 4 writes it.
 """
@@ -79,6 +81,29 @@ def refused_alike(fn: Callable[[], dict], ranks: int = 2) -> dict:
     assert time.monotonic() - start < 60  # an error, never a wait for the timeout
     assert all(e == errors[0] for e in errors)
     return errors[0]
+
+
+def timed_error(call: Callable[[], object]) -> tuple[str, float]:
+    """("Type: message", seconds) of the error `call` raised, or ("no error", s)."""
+    start = time.monotonic()
+    try:
+        call()
+    except (ValueError, TypeError) as err:
+        return f"{type(err).__name__}: {err}", time.monotonic() - start
+    return "no error", time.monotonic() - start
+
+
+ERROR_WITHIN = 3.0  # seconds: a bad input must end in an error this soon
+
+
+def disagreements(cases: Callable[[], dict], ranks: int = 2) -> list[dict]:
+    """Spawn `ranks` ranks running `cases` (each rank: name -> timed_error); assert
+    every error came within ERROR_WITHIN seconds; return the results by rank."""
+    found = spawn(cases, ranks, timeout=10)
+    for rank, errors in enumerate(found):
+        for name, (_, seconds) in errors.items():
+            assert seconds <= ERROR_WITHIN, (rank, name, seconds)
+    return found
 
 
 def tanh_chain() -> nn.Sequential:

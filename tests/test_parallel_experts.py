@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import disagreements, timed_error
 
 from distcourse.checks import outcomes
 from distcourse.launch import spawn
@@ -134,3 +135,50 @@ def test_balanced_bytes_is_step_bytes_for_even_counts() -> None:
     assert cost.balanced_bytes(tokens, c, e, k, 1) == 0
     mem = cost.memory_per_rank(tokens, c, e, k, 1.25, ep=2)
     assert mem["experts"] == 2 * (2 * c * 4 * c + 4 * c + c) * 4
+
+
+def _disagreeing() -> dict:
+    """Layers that differ on rank 1: each one's error and how soon it came."""
+    odd = dist.get_rank() == 1
+    return {
+        "count": timed_error(
+            lambda: experts.shard_experts(experts.MoE(8, 4 + 2 * odd))
+        ),
+        "shape": timed_error(lambda: experts.shard_experts(experts.MoE(8 + odd, 4))),
+        "top_k": timed_error(
+            lambda: experts.shard_experts(experts.MoE(8, 4, top_k=1 + odd))
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def disagreeing() -> list[dict]:
+    return disagreements(_disagreeing)
+
+
+def test_an_expert_count_that_differs_is_named(disagreeing: list[dict]) -> None:
+    said = [r["count"][0] for r in disagreeing]
+    assert said[0] == said[1]
+    assert said[0] == (
+        "ValueError: shard_experts: rank(s) [1] differ from rank 0 (rank 1: "
+        "settings {'n_experts': 6, 'top_k': 1, 'capacity': 1.25} where rank 0 has "
+        "{'n_experts': 4, 'top_k': 1, 'capacity': 1.25}); every rank must build "
+        "the same model with the same arguments"
+    )
+
+
+def test_expert_shapes_that_differ_are_named(disagreeing: list[dict]) -> None:
+    said = [r["shape"][0] for r in disagreeing]
+    assert said[0] == said[1]
+    assert "shard_experts: rank(s) [1] differ from rank 0" in said[0]
+    assert (
+        "gate.weight float32[4, 9] where rank 0 has gate.weight float32[4, 8]"
+        in (said[0])
+    )
+
+
+def test_a_top_k_that_differs_is_named(disagreeing: list[dict]) -> None:
+    said = [r["top_k"][0] for r in disagreeing]
+    assert said[0] == said[1]
+    assert "rank(s) [1] differ from rank 0" in said[0]
+    assert "'top_k': 2" in said[0]

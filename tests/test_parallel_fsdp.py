@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from helpers import refused_alike
+from helpers import disagreements, refused_alike, timed_error
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -259,3 +259,69 @@ def test_a_full_state_dict_saved_on_n_ranks_loads_on_2(results: list[dict]) -> N
     saved = results[0]["full"]
     loaded = spawn(_resume, 2, saved, timeout=30)
     assert all(_difference(s, saved) == 0 for s in loaded)
+
+
+def _disagreeing() -> dict:
+    """Bad inputs on rank 1 only (or on every rank): each one's error and time."""
+    odd = dist.get_rank() == 1
+
+    def wider() -> None:  # rank 1's second block is wider
+        model = Net()
+        if odd:
+            model.blocks[1] = nn.Linear(10, 9)
+        _shard(model)
+
+    def sharded_twice() -> None:  # rank 1 alone shards a block twice
+        model = Net()
+        fully_shard(model.blocks[0])
+        if odd:
+            fully_shard(model.blocks[0])
+        fully_shard(model.blocks[1])
+
+    return {
+        "shape": timed_error(wider),
+        "dtype": timed_error(lambda: fully_shard(Net().double() if odd else Net())),
+        "reshard": timed_error(lambda: fully_shard(Net(), reshard_after_forward=odd)),
+        "twice": timed_error(sharded_twice),
+    }
+
+
+@pytest.fixture(scope="module")
+def disagreeing() -> list[dict]:
+    return disagreements(_disagreeing)
+
+
+def test_a_model_of_another_shape_on_one_rank_is_named(disagreeing: list[dict]) -> None:
+    said = [r["shape"][0] for r in disagreeing]
+    assert (
+        said[0]
+        == said[1]
+        == (
+            "ValueError: fully_shard: rank(s) [1] differ from rank 0 (rank 1: "
+            "Linear.weight float32[9, 10] where rank 0 has Linear.weight "
+            "float32[7, 10]); every rank must build the same model with the same "
+            "arguments"
+        )
+    )
+
+
+def test_a_model_of_another_dtype_on_one_rank_is_named(disagreeing: list[dict]) -> None:
+    said = [r["dtype"][0] for r in disagreeing]
+    assert said[0] == said[1]
+    assert "rank(s) [1] differ from rank 0" in said[0]
+    assert "Net.blocks.0.0.weight float64[10, 6] where rank 0 has" in said[0]
+
+
+def test_other_settings_on_one_rank_are_named(disagreeing: list[dict]) -> None:
+    said = [r["reshard"][0] for r in disagreeing]
+    assert said[0] == said[1]
+    assert "rank(s) [1] differ from rank 0" in said[0]
+    assert "'reshard_after_forward': True" in said[0]
+
+
+def test_a_rank_that_rejects_its_arguments_is_named(disagreeing: list[dict]) -> None:
+    rank0, rank1 = (r["twice"][0] for r in disagreeing)
+    assert rank0 == (
+        "ValueError: fully_shard: rank(s) [1] rejected their arguments; stopping"
+    )
+    assert "already applied to this Sequential" in rank1

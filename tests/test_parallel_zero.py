@@ -14,6 +14,7 @@ import inspect
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import disagreements, timed_error
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 from torch.nn.parallel import DistributedDataParallel
@@ -249,3 +250,76 @@ def _late_group() -> str:
 def test_a_group_added_later_is_refused() -> None:
     errors = spawn(_late_group, 2, timeout=10)
     assert all("add_param_group after construction" in e for e in errors)
+
+
+def _disagreeing() -> dict:
+    """Bad inputs on rank 1 only (or on every rank): each one's error and time."""
+    odd = dist.get_rank() == 1
+    sgd = torch.optim.SGD
+
+    def wider() -> None:  # rank 1's model has a wider first layer
+        model = nn.Sequential(nn.Linear(4 + odd, 3), nn.Linear(3, 2))
+        ZeroRedundancyOptimizer(model.parameters(), sgd, lr=0.1)
+
+    def other_buffer() -> None:  # same parameters, a buffer of another shape
+        model = ex.uneven_mlp()
+        model.register_buffer("scale", torch.ones(2 + odd))
+        ShardedDDP(model, ZeroRedundancyOptimizer(model.parameters(), sgd, lr=0.1))
+
+    params = ex.uneven_mlp().parameters
+    return {
+        "shape": timed_error(wider),
+        "adam": timed_error(lambda: ZeroRedundancyOptimizer(params(), "adam", lr=0.1)),
+        "adam on 1": timed_error(
+            lambda: ZeroRedundancyOptimizer(params(), "adam" if odd else sgd, lr=0.1)
+        ),
+        "lr": timed_error(lambda: ZeroRedundancyOptimizer(params(), sgd, lr=0.1 + odd)),
+        "buffer": timed_error(other_buffer),
+    }
+
+
+@pytest.fixture(scope="module")
+def disagreeing() -> list[dict]:
+    return disagreements(_disagreeing)
+
+
+def test_a_model_of_another_shape_on_one_rank_is_named(disagreeing: list[dict]) -> None:
+    said = [r["shape"][0] for r in disagreeing]
+    assert said[0] == said[1]
+    assert said[0] == (
+        "ValueError: ZeroRedundancyOptimizer: rank(s) [1] differ from rank 0 "
+        "(rank 1: group 0 param 0 float32[3, 5] where rank 0 has group 0 param 0 "
+        "float32[3, 4]); every rank must build the same model with the same "
+        "arguments"
+    )
+
+
+def test_an_optimizer_class_that_is_not_one_is_named(disagreeing: list[dict]) -> None:
+    for said, _ in (r["adam"] for r in disagreeing):
+        assert said == (
+            "TypeError: ZeroRedundancyOptimizer: optimizer_class must be a "
+            "torch.optim.Optimizer class such as torch.optim.AdamW, got 'adam'"
+        )
+
+
+def test_a_bad_optimizer_class_on_one_rank_is_named(disagreeing: list[dict]) -> None:
+    rank0, rank1 = (r["adam on 1"][0] for r in disagreeing)
+    assert rank0 == (
+        "ValueError: ZeroRedundancyOptimizer: rank(s) [1] rejected their arguments; "
+        "stopping"
+    )
+    assert "optimizer_class must be a torch.optim.Optimizer class" in rank1
+
+
+def test_other_options_on_one_rank_are_named(disagreeing: list[dict]) -> None:
+    said = [r["lr"][0] for r in disagreeing]
+    assert said[0] == said[1]
+    assert "rank(s) [1] differ from rank 0" in said[0]
+    assert "'lr': 1.1} where rank 0 has" in said[0]
+
+
+def test_sharded_ddp_names_a_buffer_of_another_shape(disagreeing: list[dict]) -> None:
+    said = [r["buffer"][0] for r in disagreeing]
+    assert said[0] == said[1]
+    assert "ShardedDDP: rank(s) [1] differ from rank 0" in said[0]
+    assert "scale float32[3] where rank 0 has scale float32[2]" in said[0]

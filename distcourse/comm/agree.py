@@ -11,8 +11,9 @@ activation transfers, tensor-parallel layers and boxing all call it first.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -122,14 +123,19 @@ def agree(
     validate: Callable[[], int] = no_key,
     key_name: str = "",
     check: bool = True,
+    explain: Callable[[], str] | None = None,
 ) -> int:
     """Check this call on this rank, then (if `check`) that all ranks make the same one.
 
-    `validate` checks the arguments on this rank (raising ValueError) and returns an
-    integer key that must also agree, shown as `key_name` in errors (an op index for
-    "op", a source rank for "src", ...). Returns that key. With `check`, every rank of
-    `group` must call `agree` with the same `check`: it is one all_gather of
-    `tensor`'s TensorSpec, `name` and the key (none in a group of one rank).
+    `validate` checks the arguments on this rank (raising ValueError or TypeError,
+    raised here after the gather, while the other ranks raise a ValueError naming
+    this one) and returns an integer key that must also agree, shown as `key_name`
+    in errors (an op index for "op", a source rank for "src", ...). Returns that
+    key. With `check`, every rank of `group` must call `agree` with the same
+    `check`: it is one all_gather of `tensor`'s TensorSpec, `name` and the key
+    (none in a group of one rank). When the ranks' calls differ, every rank calls
+    `explain` (if given: it may run a collective, as all ranks reach it) for the
+    error's text.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name}: expected a Tensor, got {type(tensor).__name__}")
@@ -138,12 +144,10 @@ def agree(
     g = members(group, name)
     if g.size == 1:  # no other rank to disagree with
         return validate()
-    if g.size == 1:  # no other rank to disagree with
-        return validate()
     problem, key = None, -1
     try:
         key = validate()
-    except ValueError as err:
+    except (ValueError, TypeError) as err:
         problem = err
     mine = _describe(name, key, tensor, problem is None)
     rows = [torch.empty_like(mine) for _ in range(g.size)]
@@ -155,8 +159,92 @@ def agree(
     if failed:
         raise ValueError(f"{name}: rank(s) {failed} rejected their arguments; stopping")
     if any(row != table[0] for row in table):
+        if explain is not None:
+            raise ValueError(explain())
         calls = "; ".join(
             f"rank {g.ranks[r]}: {_show(row, key_name)}" for r, row in enumerate(table)
         )
         raise ValueError(f"{name}: ranks disagree on shape, dtype or op: {calls}")
     return key
+
+
+Entry = tuple[str, tuple[int, ...], str]  # one tensor: name, shape, dtype
+
+
+def agree_tensors(
+    name: str,
+    tensors: Sequence[tuple[str, Tensor]],
+    group: Group = None,
+    *,
+    config: object = (),
+    validate: Callable[[], object] = no_key,
+) -> None:
+    """Check this rank's arguments (`validate`), then that every rank of `group`
+    holds tensors of the same names, shapes and dtypes, in the same order, and the
+    same `config` (compared by repr): what a caller checks before it builds flat
+    buffers from a model, whose collectives would otherwise abort (gloo: "Received
+    data size doesn't match expected size") or hang or mix data (NCCL).
+
+    One `agree`: the descriptor is a zero-byte tensor of shape (count, elements) in
+    the first tensor's dtype, the key a digest of every entry and `config`. Only when
+    they differ do the ranks gather their lists (all_gather_object) to name each
+    odd rank's first difference; every rank raises the same ValueError. With no
+    process group there is no peer to warn: `validate` raises first, then the
+    missing group does.
+    """
+    entries = [(n, tuple(t.shape), _dtype(t.dtype)) for n, t in tensors]
+    setting = repr(config)
+    if not dist.is_initialized():
+        validate()
+    digest = zlib.crc32(repr((entries, setting)).encode()) & 0x7FFFFFFF
+
+    def checked() -> int:
+        validate()
+        return digest
+
+    first = tensors[0][1] if tensors else torch.zeros((), device=runtime.device())
+    blank = torch.zeros((), dtype=first.dtype, device=first.device)
+
+    def explain() -> str:
+        g = members(group, name)
+        lists: list[Any] = [None] * g.size
+        dist.all_gather_object(lists, (entries, setting), group=g.group)
+        return _differences(name, lists, g.ranks)
+
+    shape = (len(entries), sum(t.numel() for _, t in tensors))
+    agree(name, blank.expand(shape), group, validate=checked, explain=explain)
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _differences(name: str, lists: list[Any], ranks: list[int]) -> str:
+    """Which ranks differ from the most common (lowest rank on a tie), and how."""
+    shown = [repr(x) for x in lists]
+    usual = max(range(len(lists)), key=lambda r: (shown.count(shown[r]), -r))
+    odd = [r for r in range(len(lists)) if shown[r] != shown[usual]]
+    told = "; ".join(
+        f"rank {ranks[r]}: {_first_difference(lists[r], lists[usual], ranks[usual])}"
+        for r in odd
+    )
+    return (
+        f"{name}: rank(s) {[ranks[r] for r in odd]} differ from rank "
+        f"{ranks[usual]} ({told}); every rank must build the same model with the "
+        "same arguments"
+    )
+
+
+def _first_difference(mine: Any, usual: Any, rank: int) -> str:
+    (entries, setting), (base, base_setting) = mine, usual
+    if setting != base_setting:
+        return f"settings {setting} where rank {rank} has {base_setting}"
+    for a, b in zip(entries, base, strict=False):
+        if a != b:
+            return f"{_entry(a)} where rank {rank} has {_entry(b)}"
+    return f"{len(entries)} tensors where rank {rank} has {len(base)}"
+
+
+def _entry(entry: Entry) -> str:
+    n, shape, dtype = entry
+    return f"{n} {dtype}{list(shape)}"

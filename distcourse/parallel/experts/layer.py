@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from distcourse.comm.agree import agree_tensors
 from distcourse.examples.gpt import MLP
 from distcourse.parallel.experts.dispatch import Group, Traffic, to_experts
 from distcourse.parallel.experts.router import Routing, check_router, route
@@ -102,12 +103,28 @@ def shard_experts(moe: MoE, group: Group = None) -> MoE:
     (None: the world).
 
     Every rank must start from the same full layer (same seed). Checked before any
-    message: E divisible by the group's size. Returns `moe`, changed in place.
+    message, alike on every rank (`agree_tensors`, one small all-gather): the layer
+    not sharded yet, E divisible by the group's size, and the same configuration
+    (E, top_k, capacity) and parameter shapes on every rank; a layer of other
+    experts on one rank is a ValueError naming it, not the all_to_all aborting
+    (gloo) or hanging (NCCL). Returns `moe`, changed in place.
     """
-    if moe.group is not None or moe.first:
-        raise ValueError("these experts are already sharded")
     n = dist.get_world_size(group)
-    check_experts(moe.n_experts, n)
+
+    def fits() -> None:
+        if moe.group is not None or moe.first:
+            raise ValueError("these experts are already sharded")
+        check_experts(moe.n_experts, n)
+
+    agree_tensors(
+        "shard_experts",
+        list(moe.named_parameters()),
+        group,
+        config=dict(
+            n_experts=moe.n_experts, top_k=moe.top_k, capacity=moe.capacity_factor
+        ),
+        validate=fits,
+    )
     local = moe.n_experts // n
     moe.first = dist.get_rank(group) * local
     moe.experts = nn.ModuleList(list(moe.experts)[moe.first : moe.first + local])

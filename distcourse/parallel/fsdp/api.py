@@ -12,7 +12,8 @@ module, as FSDP2's `FSDPModule` has) makes `module`'s forward launch the gathers
 `modules` early; `hidden_fraction(model)` measures how much of them compute hid
 (`gather_seconds(model)`: the seconds).
 
-Everything is checked before the first collective, alike on every rank: a module
+Everything is checked before the first collective, alike on every rank: a model
+of other names, shapes or dtypes on some rank (agreed in `fully_shard`), a module
 sharded twice, a mesh that is not 1-D or not within the world, parameters of mixed
 dtypes in one unit, a state dict of other shapes, and an optimizer built on the
 parameters `fully_shard` replaced (refused when it first steps).
@@ -32,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from distcourse import runtime
+from distcourse.comm.agree import agree_tensors
 from distcourse.mesh import Mesh
 from distcourse.parallel.fsdp.unit import Unit
 
@@ -46,24 +48,31 @@ def fully_shard(
     mesh: Mesh | DeviceMesh | None = None,
     reshard_after_forward: bool = True,
 ) -> nn.Module:
-    """Shard `module`'s own parameters over `mesh` (the world if None); return it."""
-    if module in UNITS:
-        raise ValueError(
-            f"fully_shard was already applied to this {type(module).__name__}: "
-            "shard each module once"
-        )
+    """Shard `module`'s own parameters over `mesh` (the world if None); return it.
+
+    First every rank of the mesh agrees (`agree_tensors`, one all-gather of a small
+    descriptor): the same names, shapes and dtypes of the parameters to shard, the
+    same module type and `reshard_after_forward`. A model of another shape on one
+    rank is then a ValueError naming that rank on every rank, not the first
+    forward's all-gather aborting (gloo) or hanging (NCCL). A rank that later skips
+    a forward is not caught this cheaply (its gathers carry no step number): the
+    group's timeout ends the wait, and `runtime.init(debug=True)` names the rank
+    (torch's DETAIL checks compare every collective's fingerprint).
+    """
     group = group_of(mesh)
-    owners = _own_parameters(module)
-    kinds = {(getattr(m, n).dtype, getattr(m, n).device) for m, n in owners}
-    if len(kinds) > 1:
-        raise ValueError(
-            "fully_shard: one unit's parameters must share a dtype and device (one "
-            f"collective moves them), got {sorted(map(str, kinds))}"
-        )
-    for m, name in owners:
-        if getattr(m, name).dim() == 0:
-            raise ValueError(f"fully_shard: {name} is a scalar, nothing to cut")
+    owners, tied = _own_parameters(module)
+    kind = type(module).__name__  # names below as the module's, e.g. Linear.weight
+    names = {
+        id(p): f"{kind}.{n}" for n, p in module.named_parameters(remove_duplicate=False)
+    }
     full = [getattr(m, n) for m, n in owners]
+    agree_tensors(
+        "fully_shard",
+        [(names.get(id(p), n), p) for (_, n), p in zip(owners, full, strict=True)],
+        group,
+        config=dict(module=kind, reshard_after_forward=reshard_after_forward),
+        validate=functools.partial(_check_unit, module, owners, tied),
+    )
     unit = Unit(owners, group, reshard_after_forward) if owners else None
     UNITS[module] = unit  # type: ignore[assignment]  (None: nothing of its own)
     REPLACED.update({id(p): p for p in full})
@@ -73,6 +82,28 @@ def fully_shard(
     for method in (set_modules_to_forward_prefetch, set_modules_to_backward_prefetch):
         setattr(module, method.__name__, functools.partial(method, module))
     return module
+
+
+def _check_unit(
+    module: nn.Module, owners: list[tuple[nn.Module, str]], tied: list[str]
+) -> None:
+    """ValueError if `module` cannot become a unit (checked on this rank alone)."""
+    if module in UNITS:
+        raise ValueError(
+            f"fully_shard was already applied to this {type(module).__name__}: "
+            "shard each module once"
+        )
+    if tied:
+        raise ValueError(f"fully_shard: tied parameter {tied[0]} is not supported")
+    kinds = {(getattr(m, n).dtype, getattr(m, n).device) for m, n in owners}
+    if len(kinds) > 1:
+        raise ValueError(
+            "fully_shard: one unit's parameters must share a dtype and device (one "
+            f"collective moves them), got {sorted(map(str, kinds))}"
+        )
+    for m, name in owners:
+        if getattr(m, name).dim() == 0:
+            raise ValueError(f"fully_shard: {name} is a scalar, nothing to cut")
 
 
 def world_mesh() -> DeviceMesh:
@@ -181,9 +212,13 @@ def group_of(mesh: Mesh | DeviceMesh | None) -> Any:
     return device_mesh.get_group(0)
 
 
-def _own_parameters(module: nn.Module) -> list[tuple[nn.Module, str]]:
-    """(module, name) of each parameter not inside an inner unit, each once."""
+def _own_parameters(
+    module: nn.Module,
+) -> tuple[list[tuple[nn.Module, str]], list[str]]:
+    """(module, name) of each parameter not inside an inner unit, each once; and
+    the names under which a parameter came again (tied)."""
     found: list[tuple[nn.Module, str]] = []
+    tied: list[str] = []
     seen: set[int] = set()
 
     def walk(m: nn.Module) -> None:
@@ -191,7 +226,8 @@ def _own_parameters(module: nn.Module) -> list[tuple[nn.Module, str]]:
             if p is None:
                 continue
             if id(p) in seen:
-                raise ValueError(f"fully_shard: tied parameter {name} is not supported")
+                tied.append(name)
+                continue
             seen.add(id(p))
             found.append((m, name))
         for child in m.children():
@@ -199,7 +235,7 @@ def _own_parameters(module: nn.Module) -> list[tuple[nn.Module, str]]:
                 walk(child)
 
     walk(module)
-    return found
+    return found, tied
 
 
 def units(model: nn.Module) -> list[Unit]:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from distcourse import torchcompat
+from distcourse.comm.agree import agree_tensors
 from distcourse.parallel.zero.partition import Partition
 
 REFUSED = {
@@ -57,12 +58,18 @@ class ZeroRedundancyOptimizer(Optimizer):
         self.initialized = False
         super().__init__(params, defaults)
         tensors = [p for g in self.param_groups for p in g["params"]]
-        kinds = {(p.dtype, p.device) for p in tensors}
-        if len(kinds) != 1:
-            raise ValueError(
-                "ZeroRedundancyOptimizer: every parameter must have one dtype and "
-                f"device (one flat row moves them), got {sorted(map(str, kinds))}"
-            )
+        cls = getattr(optimizer_class, "__qualname__", repr(optimizer_class))
+        agree_tensors(  # before any collective; also checks optimizer_class first
+            "ZeroRedundancyOptimizer",
+            [(f"group {g} param {i}", p) for g, i, p in _numbered(self.param_groups)],
+            process_group,
+            config=dict(
+                optimizer_class=cls,
+                parameters_as_bucket_view=parameters_as_bucket_view,
+                **dict(sorted(defaults.items())),  # the same order on every rank
+            ),
+            validate=lambda: check_arguments(optimizer_class, tensors),
+        )
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
@@ -194,6 +201,33 @@ class ZeroRedundancyOptimizer(Optimizer):
         self.optim.load_state_dict({"state": local, "param_groups": local_groups})
         _copy_options(groups, self.param_groups)
         _copy_options(self.param_groups, self.optim.param_groups)
+
+
+def check_arguments(optimizer_class: Any, tensors: list[torch.Tensor]) -> None:
+    """TypeError unless `optimizer_class` is an Optimizer class; ValueError unless
+    every parameter has one dtype and device (one flat row moves them)."""
+    if not (
+        isinstance(optimizer_class, type) and issubclass(optimizer_class, Optimizer)
+    ):
+        raise TypeError(
+            "ZeroRedundancyOptimizer: optimizer_class must be a torch.optim.Optimizer "
+            f"class such as torch.optim.AdamW, got {optimizer_class!r}"
+        )
+    kinds = {(p.dtype, p.device) for p in tensors}
+    if len(kinds) != 1:
+        raise ValueError(
+            "ZeroRedundancyOptimizer: every parameter must have one dtype and "
+            f"device (one flat row moves them), got {sorted(map(str, kinds))}"
+        )
+
+
+def _numbered(groups: list[dict]) -> list[tuple[int, int, torch.Tensor]]:
+    """(group index, index in the group, parameter) of every parameter."""
+    return [
+        (g, i, p)
+        for g, group in enumerate(groups)
+        for i, p in enumerate(group["params"])
+    ]
 
 
 def _with_params(group: dict[str, Any], params: list[Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from distcourse.comm.agree import agree_tensors
 from distcourse.parallel.zero.optimizer import ZeroRedundancyOptimizer
 
 
@@ -24,8 +25,10 @@ class ShardedDDP(nn.Module):
     """`module`, with gradients reduce-scattered by `optimizer` after each backward.
 
     Rank 0's parameters and buffers are copied to every rank at construction, as
-    DDP does. Every parameter must get a gradient in every backward (no unused
-    parameters): the reduce-scatter runs when the last one has arrived.
+    DDP does, after the ranks agree on their names, shapes and dtypes (a model of
+    another shape on one rank: a ValueError naming it, on every rank). Every
+    parameter must get a gradient in every backward (no unused parameters): the
+    reduce-scatter runs when the last one has arrived.
     """
 
     def __init__(self, module: nn.Module, optimizer: ZeroRedundancyOptimizer) -> None:
@@ -37,11 +40,20 @@ class ShardedDDP(nn.Module):
             )
         params = [p for p in module.parameters() if p.requires_grad]
         owned = {p for g in optimizer.param_groups for p in g["params"]}
-        if set(params) != owned:
-            raise ValueError(
-                "ShardedDDP: the optimizer must hold exactly the module's trainable "
-                "parameters (build it on module.parameters())"
-            )
+
+        def holds_them() -> None:
+            if set(params) != owned:
+                raise ValueError(
+                    "ShardedDDP: the optimizer must hold exactly the module's "
+                    "trainable parameters (build it on module.parameters())"
+                )
+
+        agree_tensors(  # the broadcasts below need the same tensors on every rank
+            "ShardedDDP",
+            [*module.named_parameters(), *module.named_buffers()],
+            optimizer.process_group,
+            validate=holds_them,
+        )
         self.module = module
         self.optimizer = optimizer
         self.arrived = 0
