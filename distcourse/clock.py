@@ -67,10 +67,43 @@ class DeviceTimer:
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         self.device = _device(device)
+        self.origin: tuple[Stamp, float] | None = None  # first event, host time
 
     def stamp(self) -> Stamp:
-        """Mark this point of the device's stream."""
-        return Stamp(self.device)
+        """Mark this point of the (current) stream."""
+        stamp = Stamp(self.device)
+        if stamp.event is not None and self.origin is None:
+            self.origin = (stamp, time.perf_counter())
+        return stamp
+
+    def time(self, stamp: Stamp) -> float:
+        """`stamp` as a time in seconds on one axis, for timelines: the host's
+        `perf_counter` on the CPU; on a GPU, the host time of this timer's first
+        stamp plus the device time since it (synchronizes)."""
+        if stamp.event is None:
+            assert stamp.host is not None
+            return stamp.host
+        assert self.origin is not None
+        return self.origin[1] + self.seconds(self.origin[0], stamp)
+
+    def completion(self, work: Any) -> torch.futures.Future:
+        """A future of the Stamp at which `work` (an async collective) completed.
+
+        Stamped in a `then` callback of the work's future, which re-raises the
+        work's error first. A host clock read there would be wrong on a GPU: NCCL's
+        future completes, seen from the host, once the work is synchronized with
+        the current stream (torch's docs of `Work.get_future`). But torch runs a
+        callback with streams set as current that are synchronized with the
+        future's kernels (torch's docs of `Future.then`), so the CUDA event a stamp
+        records there marks the work's end on the device. On the CPU (gloo) the
+        future completes when the work has, and the stamp is the host's time then.
+        """
+
+        def done(future: torch.futures.Future) -> Stamp:
+            future.value()
+            return self.stamp()
+
+        return work.get_future().then(done)
 
     def seconds(self, start: Stamp, end: Stamp) -> float:
         """Seconds of device time from `start` to `end`."""

@@ -3,9 +3,12 @@ once, 1F1B's in-flight bound, interleaving's order, and the bubble on paper."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from distcourse.parallel.pipeline import schedules as S
+from distcourse.parallel.pipeline.zero_bubble import zb_h1
 
 
 @pytest.mark.parametrize(
@@ -153,3 +156,34 @@ def test_simulate_takes_a_time_per_stage() -> None:
     assert max(e for acts in runs for _, _, e in acts) == 21.0
     with pytest.raises(ValueError, match="one each"):
         S.simulate(S.one_f_one_b(2, 2), forward=[1.0])
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_every_schedules_messages_match_without_tags(p: int) -> None:
+    """NCCL pairs the messages between two ranks in issue order, tags ignored: on
+    every ordered pair, the sender's order is the receiver's, for GPipe, 1F1B,
+    interleaved 1F1B (v = 2, 3) and ZB-H1, at every m they take up to 16."""
+    makers = [S.gpipe, S.one_f_one_b, zb_h1]
+    makers += [functools.partial(S.interleaved, v=v) for v in (2, 3)]
+    seen = 0
+    for make in makers:
+        for m in range(1, 17):
+            try:
+                schedule = make(p, m)
+            except ValueError:  # m this schedule does not take
+                continue
+            seen += 1
+            order = S.tagless_order(schedule)
+            assert order and set(order.values()) == {None}, (schedule.name, m, order)
+    assert seen >= 40
+
+
+def test_tagless_order_names_the_first_message_out_of_order() -> None:
+    a = S.Action
+    first, second = [a("F", 0, 0), a("F", 0, 1)], [a("B", 0, 0), a("B", 0, 1)]
+    swapped = [a("F", 1, 1), a("F", 1, 0), a("B", 1, 0), a("B", 1, 1)]
+    bad = S.Schedule("swapped", 2, 2, 1, (tuple(first + second), tuple(swapped)))
+    assert S.tagless_order(bad) == {
+        (0, 1): "message 0: rank 0 sends F0.0, rank 1 wants F0.1",
+        (1, 0): None,
+    }

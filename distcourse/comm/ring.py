@@ -72,46 +72,50 @@ def _stream(
     """Send sends[m] right and receive recvs[m] from the left, m = 0, 1, ...; run
     `arrived(m)` once message m is in.
 
-    Send m is posted once message m - send_ahead is in (its data is ready then), receive
-    m once message m - recv_ahead is in (its buffer is free then). One stream runs
-    through all the ring's steps, with no wait at a step's end, and receives are
-    posted ahead of the sends they match, so the data need not wait for them. Empty
-    pieces are skipped on both ends. Returns once every send has completed, so the
-    caller may overwrite what was sent.
+    Send m and receive m go out together, as one `batch_isend_irecv`: exchange m. It
+    is posted once message m - ahead is in, ahead = min(send_ahead, recv_ahead): send
+    m's data is ready once message m - send_ahead is in, receive m's buffer free once
+    message m - recv_ahead is in. So `ahead` exchanges stream through all the ring's
+    steps, with no wait at a step's end. Empty pieces are skipped on both ends.
+    Returns once every exchange has completed, so the caller may overwrite what was
+    sent.
+
+    Why one batch per exchange: NCCL ignores tags and runs the point-to-point calls
+    issued on one communicator in issue order, and a send larger than its buffers
+    completes only when the matching receive runs (NVIDIA/nccl#479; torch's docs of
+    `isend`). Had every rank posted its send alone, each would wait for a receive
+    its neighbour has not reached: a hang once a piece outgrows NCCL's buffers. The
+    ops of one `batch_isend_irecv` run as one group, and every rank posts the same
+    sequence of exchanges, so exchange m's send meets the right neighbour's exchange
+    m receive, both in flight together (the fix NVIDIA/nccl#479 gives, and the one
+    Megatron's and torch's pipelining use).
     """
-    total = len(sends)
-    receiving: list = [[] for _ in range(total)]
-    sending: list = []
+    total, ahead = len(sends), min(send_ahead, recv_ahead)
+    works: list = [[] for _ in range(total)]
 
-    def receive(m: int) -> None:
+    def exchange(m: int) -> None:
         if m < total:
-            receiving[m] = _post(dist.irecv, recvs[m], g.peer(-1), g)
+            ops = [
+                (dist.isend, sends[m], g.peer(1)),
+                (dist.irecv, recvs[m], g.peer(-1)),
+            ]
+            works[m] = _post([dist.P2POp(fn, t, peer, g.group) for fn, t, peer in ops])
 
-    def send(m: int) -> None:
-        if m < total:
-            sending.extend(_post(dist.isend, sends[m], g.peer(1), g))
-
-    for m in range(send_ahead):
-        send(m)
-    for m in range(recv_ahead):
-        receive(m)
+    for m in range(ahead):
+        exchange(m)
     for m in range(total):
-        for work in receiving[m]:
+        for work in works[m]:
             work.wait()
         if arrived is not None:
             arrived(m)
-        receive(m + recv_ahead)
-        send(m + send_ahead)
-    for work in sending:
-        work.wait()
+        exchange(m + ahead)
 
 
-def _post(fn: Callable, tensor: Tensor, peer: int, g: Members) -> list:
-    """Start one isend or irecv (none for an empty tensor), as a batch of one: the
-    same call on NCCL and gloo, and the one a Ledger records for every ring message."""
-    if not tensor.numel():
-        return []
-    return dist.batch_isend_irecv([dist.P2POp(fn, tensor, peer, g.group)])
+def _post(ops: list) -> list:
+    """Start the ops with a tensor, as one batch (none if all are empty): the same
+    call on NCCL and gloo, and the one a Ledger records for every ring message."""
+    ops = [op for op in ops if op.tensor.numel()]
+    return dist.batch_isend_irecv(ops) if ops else []
 
 
 def _reduce_scatter_ring(chunks: list, g: Members, reduce: Callable) -> None:

@@ -9,7 +9,6 @@ between: the first buckets travel while backward still computes.
 from __future__ import annotations
 
 import itertools
-import time
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +19,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from distcourse.clock import DeviceTimer, Stamp
 from distcourse.comm.agree import Group
 
 
@@ -54,21 +54,23 @@ def _same_kind(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.device == b.device
 
 
-def _stamp(future: torch.futures.Future) -> float:
-    """Runs when an all-reduce completes: re-raise its error, else return the time."""
-    future.value()
-    return time.perf_counter()
-
-
 class Bucket:
     """The gradients of a few parameters, packed in one flat buffer for one all-reduce.
 
     Parameter `slot` of the bucket owns `buffer[offsets[slot]:offsets[slot + 1]]`.
     `ready[slot]` turns True when its gradient has been copied in during backward.
-    Bucket `index` of `count` (all ranks launch them in index order).
+    Bucket `index` of `count` (all ranks launch them in index order). Times are
+    `timer`'s (its own DeviceTimer unless given): `launched_at` is when its
+    all-reduce started, `wait()` gives the Stamp of its completion on the device.
     """
 
-    def __init__(self, index: int, params: list[nn.Parameter], count: int = 1) -> None:
+    def __init__(
+        self,
+        index: int,
+        params: list[nn.Parameter],
+        count: int = 1,
+        timer: DeviceTimer | None = None,
+    ) -> None:
         self.index = index
         self.count = count
         self.params = params
@@ -76,8 +78,15 @@ class Bucket:
         dtype, device = params[0].dtype, params[0].device
         self.buffer = torch.zeros(self.offsets[-1], dtype=dtype, device=device)
         self.ready = [False] * len(params)
-        self.launched_at = 0.0  # time.perf_counter() when its all-reduce started
-        self.done: torch.futures.Future | None = None  # resolves to completion time
+        self.timer = DeviceTimer(device) if timer is None else timer
+        self.launched: Stamp | None = None  # its all-reduce's start
+        self.done: torch.futures.Future | None = None  # resolves to completion Stamp
+
+    @property
+    def launched_at(self) -> float:
+        """When its all-reduce started, in `timer.time` seconds."""
+        assert self.launched is not None, "launched_at before launch()"
+        return self.timer.time(self.launched)
 
     @property
     def nbytes(self) -> int:
@@ -103,10 +112,10 @@ class Bucket:
         sends the buffer instead; the tensor its future holds is copied back into
         the buffer when it completes (as torch's reducer does).
         """
-        self.launched_at = time.perf_counter()
+        self.launched = self.timer.stamp()  # read later: no synchronize here
         if hook is None:
             work = dist.all_reduce(self.buffer, group=group, async_op=True)
-            self.done = work.get_future().then(_stamp)
+            self.done = self.timer.completion(work)  # a device event on a GPU
             return
         state, fn = hook
         future = fn(state, GradBucket(self, is_last=self.index == self.count - 1))
@@ -116,8 +125,9 @@ class Bucket:
             )
         self.done = future.then(self._write_back)
 
-    def _write_back(self, future: torch.futures.Future) -> float:
-        """The hook's result into the buffer (unless it is the buffer); the time."""
+    def _write_back(self, future: torch.futures.Future) -> Stamp:
+        """The hook's result into the buffer (unless it is the buffer); the Stamp
+        of completion (on a GPU a device event, as in `DeviceTimer.completion`)."""
         value = future.value()
         result = value[0] if isinstance(value, (list, tuple)) else value
         if (
@@ -130,10 +140,11 @@ class Bucket:
             )
         if result.data_ptr() != self.buffer.data_ptr():
             self.buffer.copy_(result.view_as(self.buffer))
-        return time.perf_counter()
+        return self.timer.stamp()
 
-    def wait(self) -> float:
-        """Block until the all-reduce has completed; return when it completed."""
+    def wait(self) -> Stamp:
+        """Block until the all-reduce has completed; return the Stamp of when it
+        completed (`self.timer.time(stamp)`: seconds)."""
         assert self.done is not None, "wait() before launch()"
         return self.done.wait()
 

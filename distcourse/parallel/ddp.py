@@ -9,7 +9,6 @@ as soon as they are ready, as torch's DistributedDataParallel does.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 
 from distcourse import runtime
+from distcourse.clock import DeviceTimer, Stamp
 from distcourse.comm.agree import Group
 from distcourse.parallel import compat
 from distcourse.parallel.buckets import Bucket, CommHook, assign_buckets
@@ -151,8 +151,10 @@ class DDP(nn.Module):
         self.names = {id(p): n for n, p in named}
         params = [p for _, p in named]
         groups = assign_buckets(params, int(self.options.bucket_cap_mb * 2**20))
+        # The timeline's stamps: device time on a GPU (clock.DeviceTimer)
+        self.clock = DeviceTimer(params[0].device if params else None)
         self.buckets = [
-            Bucket(i, [params[j] for j in indices], len(groups))
+            Bucket(i, [params[j] for j in indices], len(groups), self.clock)
             for i, indices in enumerate(groups)
         ]
         for bucket in self.buckets:
@@ -164,11 +166,11 @@ class DDP(nn.Module):
         self._backward_ran = False
         self._in_backward = False
         self._next_bucket = 0  # buckets launch in index order, the same on every rank
-        self._backward_start: float | None = None
-        self._last_grad = 0.0  # when the last gradient of this backward arrived
+        self._backward_start: Stamp | None = None
+        self._last_grad: Stamp | None = None  # the last gradient of this backward
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        start = self.clock.stamp()
         self.timeline = []
         if self.broadcast_buffers and torch.is_grad_enabled():
             with torch.no_grad():
@@ -177,13 +179,14 @@ class DDP(nn.Module):
         if self.options.device is not None:  # device_ids: inputs go to the module
             args, kwargs = compat.to_device((args, kwargs), self.options.device)
         out = self.module(*args, **kwargs)
-        self.timeline.append(Event("forward", start, time.perf_counter()))
+        end = self.clock.stamp()
+        self.timeline.append(Event("forward", *map(self.clock.time, (start, end))))
         if isinstance(out, torch.Tensor) and out.requires_grad:
             out.register_hook(self._mark_backward_start)  # first thing backward does
         return out
 
     def _mark_backward_start(self, grad: torch.Tensor) -> None:
-        self._backward_start = time.perf_counter()
+        self._backward_start = self.clock.stamp()
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -222,7 +225,7 @@ class DDP(nn.Module):
                 return  # no_sync(): the gradient just accumulates in param.grad
             if not self._in_backward:
                 self._start_backward()
-            self._last_grad = time.perf_counter()  # backward computed up to here
+            self._last_grad = self.clock.stamp()  # backward computed up to here
             self._copy_in(param.grad, bucket.view(slot))
             if self.gradient_as_bucket_view:
                 param.grad = bucket.view(slot)  # the gradient now lives in the bucket
@@ -238,7 +241,7 @@ class DDP(nn.Module):
         for bucket in self.buckets:
             bucket.reset()
         if self._backward_start is None:  # forward's output was not a tensor
-            self._backward_start = time.perf_counter()
+            self._backward_start = self.clock.stamp()
         torch.autograd.Variable._execution_engine.queue_callback(self.finish)
 
     def _launch_full_buckets(self) -> None:
@@ -262,7 +265,7 @@ class DDP(nn.Module):
         self._in_backward = False
         used_anywhere = self._handle_unused()
         for bucket in self.buckets:
-            done = bucket.wait()
+            done = self.clock.time(bucket.wait())
             self.timeline.append(
                 Event(f"all_reduce {bucket.index}", bucket.launched_at, done)
             )
@@ -275,10 +278,11 @@ class DDP(nn.Module):
                     param.grad = view if self.gradient_as_bucket_view else view.clone()
         # Backward computes until its last gradient arrives; what follows is sending
         # the last buckets and waiting for them.
-        end = self._last_grad
-        start = self._backward_start or end
+        last = self._last_grad or self.clock.stamp()
+        end, now = self.clock.time(last), self.clock.time(self.clock.stamp())
+        start = self.clock.time(self._backward_start or last)
         self.timeline.append(Event("backward", start, end))
-        self.timeline.append(Event("wait", end, time.perf_counter()))
+        self.timeline.append(Event("wait", end, now))
         self._backward_start = None
 
     def _handle_unused(self) -> dict[int, bool] | None:

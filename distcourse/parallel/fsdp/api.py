@@ -183,7 +183,7 @@ def hidden_fraction(model: nn.Module, clear: bool = True) -> float:
     hidden, busy = gather_seconds(model)
     if clear:
         for unit in units(model):
-            unit.timeline.clear()
+            unit.spans.clear()
             unit.gathers = 0
     return hidden / busy if busy > 0 else 0.0
 

@@ -21,7 +21,9 @@ launches the all-gathers of the units named as its prefetch with `async_op=True`
 their `unshard` then waits on that pending work instead of gathering again, so the
 same bytes move, earlier, and the gather can run while this unit computes. Each
 gather of the last step is timed (`timeline`: launch to completion, and when
-`unshard` began to wait on it) for `api.hidden_fraction`.
+`unshard` began to wait on it) for `api.hidden_fraction`, with `clock.DeviceTimer`
+stamps: CUDA events on a GPU (a host clock there would time the queueing), read
+only when `timeline` is, so that timing adds no synchronize to the step.
 
 Chapter 6's notation: a parameter is S(0); gathering makes it B to be used; its
 gradient arrives P (each rank's batch contributes) and is reduce-scattered to S(0).
@@ -29,7 +31,6 @@ gradient arrives P (each rank's batch contributes) and is reduce-scattered to S(
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,6 +40,7 @@ from torch import Tensor, nn
 from torch.autograd.graph import register_multi_grad_hook
 
 from distcourse import torchcompat
+from distcourse.clock import DeviceTimer, Stamp
 from distcourse.parallel.fsdp.layout import Piece, pieces
 from distcourse.trace import Event
 
@@ -79,7 +81,8 @@ class Unit:
         self.forward_prefetch: list[Unit] = []
         self.backward_prefetch: list[Unit] = []
         self.pending: Pending | None = None
-        self.timeline: list[Event] = []  # "all_gather k" and "unshard k" spans
+        self.clock = DeviceTimer(self.device)
+        self.spans: list[tuple[str, Stamp, Stamp]] = []  # all_gather k, unshard k
         self.gathers = 0  # how many gathers this unit timed: the k in their names
         for leaf in self.full:
             if leaf.requires_grad:
@@ -103,6 +106,11 @@ class Unit:
         return leaf.requires_grad_(requires_grad)
 
     @property
+    def timeline(self) -> list[Event]:
+        """This step's "all_gather k" and "unshard k" spans, in seconds."""
+        return [Event(n, *map(self.clock.time, (a, b))) for n, a, b in self.spans]
+
+    @property
     def gathered(self) -> bool:
         """Whether the full parameters hold their values now."""
         return self.buffer.untyped_storage().nbytes() > 0
@@ -112,12 +120,12 @@ class Unit:
         a prefetched gather is waited on, not sent again."""
         if self.gathered:
             return
-        waited = time.perf_counter()  # needed from now: before a gather made here
+        waited = self.clock.stamp()  # needed from now: before a gather made here
         if self.pending is None:
             self.prefetch()
         pending, self.pending = self.pending, None
         assert pending is not None
-        segments = pending.result(self.sharded)
+        segments, done = pending.result(self.sharded)
         self.buffer.untyped_storage().resize_(self.buffer.numel() * self._size())
         with torch.no_grad():
             for piece, start in self._blocks():
@@ -127,8 +135,8 @@ class Unit:
                 )
         k = self.gathers
         self.gathers += 1
-        self.timeline.append(Event(f"all_gather {k}", pending.launched, pending.done))
-        self.timeline.append(Event(f"unshard {k}", waited, time.perf_counter()))
+        self.spans.append((f"all_gather {k}", pending.launched, done))
+        self.spans.append((f"unshard {k}", waited, self.clock.stamp()))
 
     def prefetch(self) -> None:
         """Launch this unit's all-gather and return at once (nothing if the full
@@ -141,11 +149,11 @@ class Unit:
             )
             out = torch.empty(self.world * self.width, dtype=self.dtype)
             out = out.to(self.device)
-            launched = time.perf_counter()
+            launched = self.clock.stamp()
             work = torchcompat.all_gather_tensor(out, mine, self.group, async_op=True)
         versions = [p._version for p in self.sharded]
         self.pending = Pending(
-            work, out.view(self.world, self.width), launched, versions
+            work, out.view(self.world, self.width), launched, versions, self.clock
         )
 
     def gather_segments(self) -> Tensor:
@@ -176,7 +184,7 @@ class Unit:
     # ------------------------------------------------------------- the hooks --
 
     def before_forward(self, _module: nn.Module, _args: Any) -> None:
-        self.timeline.clear()  # a new step: keep its gathers only (bounded, as DDP's)
+        self.spans.clear()  # a new step: keep its gathers only (bounded, as DDP's)
         self.gathers = 0
         self.unshard()
         for unit in self.forward_prefetch:
@@ -228,35 +236,36 @@ class Unit:
 
 
 class Pending:
-    """An all-gather in flight: its Work, where it lands, and when it was launched
-    and completed (a callback stamps completion, as DDP's buckets do)."""
+    """An all-gather in flight: its Work, where it lands, and the Stamps of its
+    launch and completion (`DeviceTimer.completion`, as DDP's buckets)."""
 
     def __init__(
-        self, work: Any, segments: Tensor, launched: float, versions: list[int]
+        self,
+        work: Any,
+        segments: Tensor,
+        launched: Stamp,
+        versions: list[int],
+        clock: DeviceTimer,
     ) -> None:
         self.work = work
         self.segments = segments
         self.launched = launched
-        self.done = launched
         self.versions = versions  # the pieces' version counters at launch
-        self.stamped = work.get_future().then(self._stamp)
+        self.stamped = clock.completion(work)
 
-    def _stamp(self, future: torch.futures.Future) -> None:
-        future.value()  # re-raise the gather's error, if any
-        self.done = time.perf_counter()
-
-    def result(self, sharded: list[nn.Parameter]) -> Tensor:
+    def result(self, sharded: list[nn.Parameter]) -> tuple[Tensor, Stamp]:
         """Wait for the gather; refuse it if the pieces changed since its launch
-        (an optimizer step in between would make it gather stale values)."""
+        (an optimizer step in between would make it gather stale values). The
+        gathered segments, and the Stamp of the gather's completion."""
         self.work.wait()
-        self.stamped.wait()
+        done = self.stamped.wait()
         if self.versions != [p._version for p in sharded]:
             raise RuntimeError(
                 "fsdp prefetch: a unit's pieces changed after its all-gather was "
                 "prefetched (an optimizer step between launch and use); prefetch only "
                 "units that run later in the same forward or backward"
             )
-        return self.segments
+        return self.segments, done
 
 
 def _tensors(value: Any) -> list[Tensor]:

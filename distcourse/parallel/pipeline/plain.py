@@ -15,6 +15,14 @@ would both send at once and wait for each other. Dividing each micro-batch's los
 by m makes the gradients those of the whole batch's mean loss. `Pipeline`
 (runner.py) runs the same schedules faster: receives posted ahead, shapes agreed
 with the neighbours once, the batch checked across ranks while stage 0 computes.
+
+Each link (activations from rank a to rank b, or gradients) has its own group of
+two ranks, as `Pipeline`'s links do. On NCCL, tags are ignored (torch's docs of
+`send`/`isend`) and the sends and receives of one group run in issue order, a large
+send finishing only when its receive runs (NVIDIA/nccl#479): on one shared group, a
+rank's send of an activation could wait behind its neighbour's send of a gradient
+that waits for it. On a link's own group, one rank only sends, the other only
+receives, in the order `schedules.check` proves they agree on.
 """
 
 from __future__ import annotations
@@ -28,8 +36,7 @@ from torch import Tensor, nn
 from distcourse import runtime
 from distcourse.parallel.pipeline import schedules
 from distcourse.parallel.pipeline.shapes import Shape, stage_shapes
-
-ACTIVATION, GRADIENT = 0, 1  # message tags: where two ranks exchange both kinds
+from distcourse.rendezvous import as_timedelta
 
 
 class PlainPipeline:
@@ -37,8 +44,9 @@ class PlainPipeline:
 
     Every rank passes the whole batch x to `step` (the shapes it receives follow
     from it), so a bad batch is the same ValueError on every rank, before any
-    message. The group's timeout (the default group's unless given) bounds every
-    receive: a rank that never sends becomes an error, not a hang.
+    message. `timeout` (seconds) bounds every receive: a rank that never sends
+    becomes an error, not a hang. Every rank of the world builds its PlainPipeline
+    at the same time: each link's group is made by all of them, in one order.
     """
 
     def __init__(
@@ -47,6 +55,7 @@ class PlainPipeline:
         schedule: schedules.Schedule,
         loss_fn: Callable[[Tensor, Tensor], Tensor],
         group: dist.ProcessGroup | None = None,
+        timeout: float = runtime.DEFAULT_TIMEOUT,
     ) -> None:
         size = dist.get_world_size(group)
         if schedule.ranks != size or len(stages) != schedule.stages:
@@ -60,6 +69,11 @@ class PlainPipeline:
         self.group, me = group, dist.get_rank(group)
         ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
         self.peer = {s: ranks[schedule.rank_of(s)] for s in range(schedule.stages)}
+        self.links: dict[tuple[str, int], dist.ProcessGroup] = {}  # (kind, peer)
+        for kind, a, b in sorted(schedules.transfers(schedule)):  # one group a link
+            link = dist.new_group([ranks[a], ranks[b]], timeout=as_timedelta(timeout))
+            if me in (a, b):
+                self.links[(kind, ranks[b if me == a else a])] = link
         self.shapes: dict[tuple, list[Shape]] = {}  # per batch shape: found once
         self.local = {s: stages[s] for s in range(me, schedule.stages, size)}
         self.actions = schedule.actions[me]
@@ -88,32 +102,35 @@ class PlainPipeline:
                 if s == 0:
                     inp = xs[j]
                 else:
-                    inp = self.recv(shapes[s], s - 1, ACTIVATION)
+                    inp = self.recv(shapes[s], s - 1, "F")
                     inp.requires_grad_(inp.is_floating_point())
                 out = self.local[s](inp)
                 if s == last:
                     out = self.loss_fn(out, ys[j]) / m
                     losses.append(out.detach())
                 else:
-                    sends.append(self.send(out, s + 1, ACTIVATION))
+                    sends.append(self.send(out, s + 1, "F"))
                 held[(s, j)] = (inp, out)
             else:  # "B"
                 inp, out = held.pop((s, j))
-                grad = None if s == last else self.recv(shapes[s + 1], s + 1, GRADIENT)
+                grad = None if s == last else self.recv(shapes[s + 1], s + 1, "B")
                 torch.autograd.backward(out, grad)
                 if s > 0:
-                    sends.append(self.send(inp.grad, s - 1, GRADIENT))
+                    sends.append(self.send(inp.grad, s - 1, "B"))
         for work, _ in sends:  # every tensor sent has been received
             work.wait()
         return torch.stack(losses).sum() if losses else None
 
-    def recv(self, shape: Shape, stage: int, tag: int) -> Tensor:
-        """Block until `stage` sends this step's next tensor of `shape` and `tag`."""
+    def recv(self, shape: Shape, stage: int, kind: str) -> Tensor:
+        """Block until `stage` sends the next tensor (of `shape`) of its link of
+        `kind`: "F" activations, "B" gradients."""
         buffer = torch.empty(shape[0], dtype=shape[1], device=runtime.device())
-        dist.recv(buffer, self.peer[stage], group=self.group, tag=tag)
+        peer = self.peer[stage]
+        dist.recv(buffer, peer, group=self.links[(kind, peer)])
         return buffer
 
-    def send(self, x: Tensor, stage: int, tag: int) -> tuple[dist.Work, Tensor]:
-        """Start sending x to `stage`; the tensor is kept until the send is waited."""
-        x = x.detach().contiguous()
-        return dist.isend(x, self.peer[stage], group=self.group, tag=tag), x
+    def send(self, x: Tensor, stage: int, kind: str) -> tuple[dist.Work, Tensor]:
+        """Start sending x to `stage` on the link of `kind`; the tensor is kept
+        until the send is waited."""
+        x, peer = x.detach().contiguous(), self.peer[stage]
+        return dist.isend(x, peer, group=self.links[(kind, peer)]), x

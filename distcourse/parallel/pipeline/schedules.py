@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import zip_longest
 
 from distcourse.arguments import positive_int
 
@@ -186,6 +187,46 @@ def transfers(schedule: Schedule) -> dict[tuple, tuple[list, list]]:
             if 0 <= prev <= last:  # this action first receives
                 link = (a.kind, schedule.rank_of(prev), here)
                 out.setdefault(link, ([], []))[1].append((prev, a.micro))
+    return out
+
+
+def tagless_order(schedule: Schedule) -> dict[tuple[int, int], str | None]:
+    """Per ordered pair of ranks (src, dst) that exchange messages: None if the
+    messages src sends dst, all kinds together in src's issue order, are the ones
+    dst receives from src in its own issue order; else the first mismatch.
+
+    This is what matching without tags does: NCCL ignores p2p tags and pairs the
+    messages between two ranks in issue order (torch's docs of `send`/`isend`;
+    pytorch/pytorch#94819). A runner that sends activations and gradients between
+    one pair on one group and tells them apart by tag is right on NCCL only where
+    every pair here is None. Messages are named kind stage.micro-batch, the stage
+    being the sender's ("F0.3": stage 0's activation of micro-batch 3).
+    """
+    last = schedule.stages - 1
+    sent: dict[tuple[int, int], list[str]] = {}
+    got: dict[tuple[int, int], list[str]] = {}
+    for here, acts in enumerate(schedule.actions):
+        for a in acts:
+            if a.kind == "W":
+                continue
+            step = 1 if a.kind == "F" else -1
+            prev, nxt = a.stage - step, a.stage + step
+            if 0 <= prev <= last:  # receives first, as the runners do
+                pair = (schedule.rank_of(prev), here)
+                got.setdefault(pair, []).append(f"{a.kind}{prev}.{a.micro}")
+            if 0 <= nxt <= last:
+                pair = (here, schedule.rank_of(nxt))
+                sent.setdefault(pair, []).append(f"{a.kind}{a.stage}.{a.micro}")
+    out: dict[tuple[int, int], str | None] = {}
+    for pair in sorted(sent.keys() | got.keys()):
+        both = zip_longest(sent.get(pair, []), got.get(pair, []), fillvalue="nothing")
+        wrong = [(k, x, y) for k, (x, y) in enumerate(both) if x != y]
+        out[pair] = None
+        if wrong:
+            k, x, y = wrong[0]
+            out[pair] = (
+                f"message {k}: rank {pair[0]} sends {x}, rank {pair[1]} wants {y}"
+            )
     return out
 
 
