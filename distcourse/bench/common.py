@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from distcourse import runtime, tables
+from distcourse.clock import DeviceTimer
 
 
 @dataclass(frozen=True)
@@ -84,13 +84,14 @@ def time_rounds(
     """
     orders = list(itertools.permutations(range(len(steps))))
     times = torch.zeros(len(steps), count, dtype=torch.float64)
+    timer = DeviceTimer()  # device time: a GPU runs the step after it is queued
     for i in range(warmup + count):
         for k in orders[i % len(orders)]:
             dist.barrier()
-            start = time.perf_counter()
+            start = timer.stamp()
             steps[k]()
             if i >= warmup:
-                times[k, i - warmup] = time.perf_counter() - start
+                times[k, i - warmup] = timer.seconds(start, timer.stamp())
     return slowest(times).tolist()
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -23,6 +22,7 @@ import torch.distributed as dist
 
 from distcourse import runtime, tables
 from distcourse.bench import common
+from distcourse.clock import DeviceTimer
 from distcourse.examples.gpt import GPTConfig, TinyGPT, token_batches
 from distcourse.launch import spawn
 from distcourse.parallel import hybrid
@@ -89,12 +89,13 @@ def measure(cfg: Config) -> list[dict]:
         m = micro_batches(layout, cfg.per_stage)
         net = hybrid.HybridGPT(TinyGPT(gpt), mesh, micro_batches=m, check=False)
         times = torch.zeros(cfg.steps, dtype=torch.float64)
+        timer = DeviceTimer()  # device time: a GPU runs the step after it is queued
         for i, (x, y) in enumerate(batches):
             dist.barrier()
-            start = time.perf_counter()
+            start = timer.stamp()
             net.step(x, y)
             if i >= cfg.warmup:
-                times[i - cfg.warmup] = time.perf_counter() - start
+                times[i - cfg.warmup] = timer.seconds(start, timer.stamp())
         times = common.slowest(times)  # a step lasts as its slowest rank
         held = net.held()
         mine = torch.tensor(

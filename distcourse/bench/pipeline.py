@@ -54,6 +54,7 @@ from torch import Tensor, nn
 
 from distcourse import tables
 from distcourse.bench import common
+from distcourse.clock import DeviceTimer
 from distcourse.launch import spawn
 from distcourse.parallel import pipeline as pp
 from distcourse.parallel.pipeline.plain import PlainPipeline
@@ -138,14 +139,15 @@ def _timed(runners: list, cfg: Config, steps: int) -> torch.Tensor:
     """[runner, step] seconds of the slowest rank; runners take turns each round."""
     x, y = _data(cfg)
     times = torch.zeros(len(runners), steps, dtype=torch.float64)
+    timer = DeviceTimer()  # device time: a GPU runs the step after it is queued
     for i in range(cfg.warmup + steps):
         order = range(len(runners)) if i % 2 == 0 else reversed(range(len(runners)))
         for k in order:
             dist.barrier()
-            start = time.perf_counter()
+            start = timer.stamp()
             runners[k].step(x, y)
             if i >= cfg.warmup:
-                times[k, i - cfg.warmup] = time.perf_counter() - start
+                times[k, i - cfg.warmup] = timer.seconds(start, timer.stamp())
     return common.slowest(times)
 
 

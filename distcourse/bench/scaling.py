@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from distcourse import runtime, tables
 from distcourse.bench import common
+from distcourse.clock import DeviceTimer
 from distcourse.examples import models
 from distcourse.launch import spawn
 
@@ -60,14 +60,15 @@ def _measure(cfg: Config) -> dict[str, list[float]]:
         batch = cfg.global_batch // world if mode == "strong" else cfg.per_rank
         x, y = torch.randn(batch, cfg.d_in), torch.randint(0, 10, (batch,))
         spent = torch.zeros(cfg.steps, dtype=torch.float64)
+        timer = DeviceTimer()  # device time: a GPU runs the step after it is queued
         for i in range(cfg.warmup + cfg.steps):
             dist.barrier()
-            start = time.perf_counter()
+            start = timer.stamp()
             optimizer.zero_grad()
             F.cross_entropy(ddp(x), y).backward()
             optimizer.step()
             if i >= cfg.warmup:
-                spent[i - cfg.warmup] = time.perf_counter() - start
+                spent[i - cfg.warmup] = timer.seconds(start, timer.stamp())
         times[mode] = common.slowest(spent).tolist()
     return times
 

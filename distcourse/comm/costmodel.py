@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ import torch.distributed as dist
 
 from distcourse import runtime
 from distcourse.arguments import positive_int
+from distcourse.clock import DeviceTimer
 
 
 @dataclass(frozen=True)
@@ -227,11 +227,6 @@ def within_factor(
     return f"off by a factor {worst:.1f} > {factor:g}: FAIL"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure(
     fn: Callable[[torch.Tensor], object] | dict[str, Callable[[torch.Tensor], object]],
     sizes: Sequence[int],
@@ -257,14 +252,14 @@ def measure(
     for size in sizes:
         x = torch.zeros(max(size // item, 1), dtype=dtype, device=device)
         runs: dict[str, list[float]] = {name: [] for name in fns}
+        timer = DeviceTimer(device)  # device time: synchronized or CUDA events
         for rep in range(warmup + repeats):
             for name, f in fns.items():
                 dist.barrier(group=group)
-                start = time.perf_counter()
+                start = timer.stamp()
                 f(x)
-                _sync(device)
                 if rep >= warmup:
-                    runs[name].append(time.perf_counter() - start)
+                    runs[name].append(timer.seconds(start, timer.stamp()))
         for name in fns:
             mine = runs[name] if spread else [statistics.median(runs[name])]
             slowest = torch.tensor(mine, dtype=torch.float64, device=device)

@@ -125,7 +125,8 @@ class Unit:
             self.prefetch()
         pending, self.pending = self.pending, None
         assert pending is not None
-        segments, done = pending.result(self.sharded)
+        segments = pending.result(self.sharded)
+        done = pending.stamped.wait()  # the gather's completion
         self.buffer.untyped_storage().resize_(self.buffer.numel() * self._size())
         with torch.no_grad():
             for piece, start in self._blocks():
@@ -253,19 +254,17 @@ class Pending:
         self.versions = versions  # the pieces' version counters at launch
         self.stamped = clock.completion(work)
 
-    def result(self, sharded: list[nn.Parameter]) -> tuple[Tensor, Stamp]:
+    def result(self, sharded: list[nn.Parameter]) -> Tensor:
         """Wait for the gather; refuse it if the pieces changed since its launch
-        (an optimizer step in between would make it gather stale values). The
-        gathered segments, and the Stamp of the gather's completion."""
+        (an optimizer step in between would make it gather stale values)."""
         self.work.wait()
-        done = self.stamped.wait()
         if self.versions != [p._version for p in sharded]:
             raise RuntimeError(
                 "fsdp prefetch: a unit's pieces changed after its all-gather was "
                 "prefetched (an optimizer step between launch and use); prefetch only "
                 "units that run later in the same forward or backward"
             )
-        return self.segments, done
+        return self.segments
 
 
 def _tensors(value: Any) -> list[Tensor]:

@@ -7,13 +7,13 @@ that stage s's output fits stage s + 1 before anything is sent.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from distcourse.arguments import positive_int
+from distcourse.clock import DeviceTimer
 
 
 def layers_of(model: nn.Module) -> list[nn.Module]:
@@ -62,14 +62,15 @@ def layer_times(
 ) -> list[float]:
     """Seconds of forward + backward per layer on `sample`, the best of `repeats`."""
     best = [float("inf")] * len(layers_of(model))
+    timer = DeviceTimer(sample.device)  # device time, not the queueing
     for _ in range(repeats):
         x = sample
         for i, layer in enumerate(model):
             x = x.detach().requires_grad_(x.is_floating_point())
-            start = time.perf_counter()
+            start = timer.stamp()
             y = layer(x)
             y.backward(torch.ones_like(y))
-            best[i] = min(best[i], time.perf_counter() - start)
+            best[i] = min(best[i], timer.seconds(start, timer.stamp()))
             x = y
     model.zero_grad(set_to_none=True)
     return best

@@ -19,7 +19,6 @@ efficiency; small micro-batches that compute badly lower the ideal, not it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -27,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from distcourse import trace
+from distcourse.clock import DeviceTimer
 from distcourse.parallel.pipeline import schedules
 
 
@@ -93,14 +93,15 @@ def stage_times(stage: nn.Module, x: Tensor, repeats: int = 5) -> tuple[float, f
     ones) on the micro-batch x. The parameters' gradients accumulate into .grad
     (zero them after if they matter), as from one micro-batch to the next."""
     forward, backward = [], []
+    timer = DeviceTimer(x.device)  # device time: a GPU runs work after it is queued
     for _ in range(repeats):
         inp = x.detach().requires_grad_(x.is_floating_point())
-        start = time.perf_counter()
+        start = timer.stamp()
         out = stage(inp)
-        mid = time.perf_counter()
+        mid = timer.stamp()
         out.backward(torch.ones_like(out))
-        forward.append(mid - start)
-        backward.append(time.perf_counter() - mid)
+        forward.append(timer.seconds(start, mid))
+        backward.append(timer.seconds(mid, timer.stamp()))
     return sorted(forward)[repeats // 2], sorted(backward)[repeats // 2]
 
 
