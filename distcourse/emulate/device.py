@@ -1,0 +1,335 @@
+"""An emulated accelerator: tensors that report `gpu:<rank>` while their data live on
+the host, so code that would break on a GPU box breaks here the same way.
+
+How it works. torch lets a Python program own its PrivateUse1 dispatch key
+(`torch.utils.backend_registration._setup_privateuseone_for_python_backend`, with
+torch's own test test/test_privateuseone_python_backend.py as the model: it registers
+`empty_strided` and `empty.memory_format` for the key with `torch.library`). The key
+is renamed to DEVICE_TYPE ("gpu"): the name "cuda" cannot be used on a CUDA build of
+torch without a GPU, since c10's CUDA device guard initialises the driver on the first
+op and the process aborts. A device tensor is a wrapper subclass
+(`torch.Tensor._make_wrapper_subclass`, the pattern of torch's subclass zoo and of
+FakeTensor) holding a CPU tensor; `__torch_dispatch__` unwraps, checks the same-device
+rule, runs the CPU kernel and wraps the result. Autograd runs above the wrapper, so
+gradients of device parameters are device tensors.
+
+The rules modelled, each from CUDA/torch behaviour:
+- an op mixing a device tensor with a host tensor raises CUDA's message "Expected all
+  tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
+  (torch's `TensorIterator` / `check_device` codegen); a 0-d CPU tensor is allowed,
+  as CUDA kernels take CPU scalars ("cpu scalars" in aten's TensorIterator.cpp);
+  copies (`copy_`, `_to_copy`) cross devices by design, and advanced indexing
+  accepts host index tensors (aten's `index` moves indices to self's device);
+- leaving the device (`.cpu()`, `.to("cpu")`, `.item()`, `.tolist()`, `bool(t)`)
+  works and counts one host synchronization: on CUDA these wait for the device
+  (CUDA semantics notes: "copies ... to CPU ... are synchronous").
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+DEVICE_TYPE = "gpu"
+RULE_SAME_DEVICE = "same-device rule (emulated GPU)"
+
+_aten = torch.ops.aten
+_CROSSING = {  # ops that move data between devices on purpose
+    _aten.copy_.default,
+    _aten._to_copy.default,
+    _aten._copy_from.default,
+    _aten._copy_from_and_resize.default,
+}
+_HOST_INDEXED = {  # advanced indexing takes index tensors from the host
+    _aten.index.Tensor,
+    _aten.index_put_.default,
+    _aten.index_put.default,
+    _aten._index_put_impl_.default,
+}
+_SCALAR_OUT = {_aten._local_scalar_dense.default}
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {"setup": False, "syncs": 0, "live": 0, "peak": 0}
+_storages: dict[int, int] = {}  # data_ptr of a live device storage -> its bytes
+_sync_hooks: list[Callable[[str], None]] = []
+
+
+class DeviceRuleError(RuntimeError):
+    """An op broke the same-device rule; the message is CUDA's, then the rule."""
+
+
+# ---------------------------------------------------------------- the wrapper ----
+
+
+class DeviceTensor(torch.Tensor):
+    """A tensor on the emulated device: reports `gpu:<i>`, computes on `_host`."""
+
+    _host: torch.Tensor
+    __slots__ = ("_host",)
+
+    @staticmethod
+    def __new__(cls, host: torch.Tensor, device: torch.device) -> DeviceTensor:
+        out = torch.Tensor._make_wrapper_subclass(
+            cls,
+            host.shape,
+            strides=host.stride(),
+            storage_offset=host.storage_offset(),
+            dtype=host.dtype,
+            layout=host.layout,
+            device=device,
+            requires_grad=False,
+        )
+        out._host = host
+        return out
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        body = repr(self._host.detach())
+        body = body[:-1] if body.endswith(")") else body
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"{body}, device='{self.device}'{grad})"
+
+    def tolist(self) -> Any:  # torch refuses .tolist() on subclasses: via the host
+        return self.cpu().tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        """Refused as on CUDA (torch/csrc/utils/tensor_numpy.cpp's message)."""
+        if force:
+            return self.cpu().numpy()
+        raise TypeError(
+            f"can't convert {self.device} device type tensor to numpy. Use "
+            "Tensor.cpu() to copy the tensor to host memory first."
+        )
+
+    @classmethod
+    def __torch_dispatch__(
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        return _dispatch(func, args, kwargs or {})
+
+
+def _dispatch(func: Any, args: Any, kwargs: dict) -> Any:
+    devices: list[torch.device] = []
+    hosts: list[torch.Tensor] = []
+    inners: dict[int, DeviceTensor] = {}
+
+    def unwrap(x: Any) -> Any:
+        if isinstance(x, DeviceTensor):
+            devices.append(x.device)
+            inners[id(x._host)] = x
+            return x._host
+        if isinstance(x, torch.Tensor):
+            hosts.append(x)
+        return x
+
+    h_args = tree_map(unwrap, args)
+    h_kwargs = tree_map(unwrap, kwargs)
+    target = h_kwargs.get("device")
+    leaving = False
+    if target is not None:
+        target = torch.device(target)
+        if target.type == DEVICE_TYPE:
+            h_kwargs["device"] = torch.device("cpu")
+            devices.append(_with_index(target))
+        elif target.type == "cpu" and devices:
+            leaving = True
+    if func not in _CROSSING:
+        _check_same_device(func, devices, hosts)
+    elif func is _aten.copy_.default and not isinstance(args[0], DeviceTensor):
+        leaving = True  # copy_(host_dst, device_src)
+    out = func(*h_args, **h_kwargs)
+    if func in _SCALAR_OUT or leaving:
+        count_host_sync(str(func))
+    if leaving:
+        return out
+    dev = devices[0]
+    keep = {id(h) for h in hosts}
+
+    def wrap_out(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        if id(x) in inners:  # an in-place op or out=: give back the caller's object
+            return inners[id(x)]
+        if id(x) in keep:
+            return x
+        return wrap(x, dev)
+
+    return tree_map(wrap_out, out)
+
+
+def _check_same_device(
+    func: Any, devices: list[torch.device], hosts: list[torch.Tensor]
+) -> None:
+    first = devices[0]
+    for d in devices[1:]:
+        if d != first:
+            raise DeviceRuleError(_mixing_message(func, first, d))
+    if func in _HOST_INDEXED:
+        return
+    for h in hosts:
+        if h.device.type == "cpu" and h.dim() == 0:
+            continue  # CUDA kernels accept a CPU scalar
+        raise DeviceRuleError(_mixing_message(func, first, h.device))
+
+
+def _mixing_message(func: Any, a: torch.device, b: torch.device) -> str:
+    return (
+        "Expected all tensors to be on the same device, but found at least two "
+        f"devices, {a} and {b}! [{RULE_SAME_DEVICE}: {func} got a tensor on {b}; "
+        f"move it with .to({str(a)!r}) (or runtime.device()) first]"
+    )
+
+
+def _with_index(device: torch.device) -> torch.device:
+    if device.index is None:
+        from distcourse.emulate.devicemodule import current_device
+
+        return torch.device(DEVICE_TYPE, current_device())
+    return device
+
+
+# ------------------------------------------------------------------ interface ----
+
+
+def is_device_tensor(t: Any) -> bool:
+    """True for a tensor on the emulated device (the wrapper)."""
+    return isinstance(t, DeviceTensor)
+
+
+def host_data(t: torch.Tensor) -> torch.Tensor:
+    """The CPU tensor behind a device tensor, sharing its memory: writing into it in
+    place is seen through `t` and every view of `t`. No sync is counted (this is the
+    emulation's own door, for the emulated collectives)."""
+    if not isinstance(t, DeviceTensor):
+        raise TypeError(f"host_data expects an emulated device tensor, got {t.device}")
+    return t._host
+
+
+def wrap(host: torch.Tensor, device: torch.device | str | int) -> torch.Tensor:
+    """A device tensor on `device` (index or "gpu:i") whose data are `host` (shared)."""
+    if isinstance(device, int):
+        device = torch.device(DEVICE_TYPE, device)
+    device = _with_index(torch.device(device))
+    if device.type != DEVICE_TYPE:
+        raise ValueError(f"wrap: {device} is not the emulated device {DEVICE_TYPE!r}")
+    if isinstance(host, DeviceTensor) or host.device.type != "cpu":
+        raise TypeError(f"wrap expects a CPU tensor, got one on {host.device}")
+    _track(host)
+    return DeviceTensor(host.detach(), device)
+
+
+def _track(host: torch.Tensor) -> None:
+    """Count the bytes of each distinct live storage behind device tensors."""
+    storage = host.untyped_storage()
+    key = storage.data_ptr()
+    if key in _storages or storage.nbytes() == 0:
+        return
+    with _lock:
+        _storages[key] = storage.nbytes()
+        _state["live"] += storage.nbytes()
+        _state["peak"] = max(_state["peak"], _state["live"])
+    weakref.finalize(storage, _untrack, key)
+
+
+def _untrack(key: int) -> None:
+    with _lock:
+        _state["live"] -= _storages.pop(key, 0)
+
+
+def memory_allocated() -> int:
+    """Bytes of host storage now held by live device tensors (views counted once)."""
+    return _state["live"]
+
+
+def max_memory_allocated() -> int:
+    """The most bytes `memory_allocated` has reached since the last reset."""
+    return _state["peak"]
+
+
+def reset_peak_memory_stats() -> None:
+    """Restart `max_memory_allocated` from what is live now."""
+    _state["peak"] = _state["live"]
+
+
+def count_host_sync(where: str = "synchronize") -> None:
+    """Record one host synchronization (and tell the hooks, e.g. emulated NCCL)."""
+    _state["syncs"] += 1
+    for hook in list(_sync_hooks):
+        hook(where)
+
+
+def add_sync_hook(hook: Callable[[str], None]) -> None:
+    """Call `hook(where)` at every host synchronization (device exit or synchronize)."""
+    _sync_hooks.append(hook)
+
+
+def host_syncs() -> int:
+    """How many host synchronizations this process made since the last reset."""
+    return int(_state["syncs"])
+
+
+def reset_host_syncs() -> None:
+    """Start counting host synchronizations from zero."""
+    _state["syncs"] = 0
+
+
+# --------------------------------------------------------------- registration ----
+
+
+def _empty_strided(size: Any, stride: Any, **kw: Any) -> torch.Tensor:
+    host = torch.empty_strided(size, stride, dtype=kw.get("dtype"))
+    return wrap(host, kw.get("device") or DEVICE_TYPE)
+
+
+def _empty(size: Any, **kw: Any) -> torch.Tensor:
+    fmt = kw.get("memory_format")
+    host = torch.empty(size, dtype=kw.get("dtype"), memory_format=fmt)
+    return wrap(host, kw.get("device") or DEVICE_TYPE)
+
+
+def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> Any:
+    """Reached with Python dispatch off (e.g. `torch.tensor(..., device=...)`)."""
+    src_host = src._host if isinstance(src, DeviceTensor) else src
+    if isinstance(dst, DeviceTensor):
+        dst._host.copy_(src_host)
+    else:
+        count_host_sync("copy to host")
+        dst.copy_(src_host)
+    return dst
+
+
+def enabled() -> bool:
+    """True once `setup()` has run in this process."""
+    return bool(_state["setup"])
+
+
+def setup() -> None:
+    """Register the emulated device in this process (safe to call again).
+
+    torch allows the PrivateUse1 backend to be renamed once per process, so a second
+    call returns at once; a process whose key already has another name is refused.
+    """
+    if _state["setup"]:
+        return
+    from torch.utils import backend_registration as reg
+
+    from distcourse.emulate import devicemodule
+
+    name = torch._C._get_privateuse1_backend_name()
+    if name not in ("privateuseone", DEVICE_TYPE):
+        raise RuntimeError(f"PrivateUse1 is already taken by {name!r} in this process")
+    reg._setup_privateuseone_for_python_backend(
+        rename=DEVICE_TYPE, backend_module=devicemodule.DeviceModule()
+    )
+    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 (kept alive below)
+    lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    lib.impl("empty.memory_format", _empty, "PrivateUse1")
+    lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    _state["library"] = lib
+    _state["setup"] = True
