@@ -12,7 +12,8 @@ The interface other modules rely on (kept stable):
 - `is_device_tensor(t)`, `host_data(t)` (the CPU tensor behind `t`, sharing memory),
   `wrap(cpu_tensor, device)`;
 - `host_syncs()`, `reset_host_syncs()`, `count_host_sync(where)`, `add_sync_hook(fn)`;
-- `DeviceRuleError`, `RULE_SAME_DEVICE`.
+- `DeviceRuleError`, `RULE_SAME_DEVICE`;
+- `rank_device(local_rank, local_world_size)` (what the runtime calls), `current()`.
 """
 
 from distcourse.emulate.device import (
@@ -29,6 +30,7 @@ from distcourse.emulate.device import (
     setup,
     wrap,
 )
+from distcourse.emulate.devicemodule import current, rank_device
 
 __all__ = [
     "DEVICE_TYPE",
@@ -36,10 +38,12 @@ __all__ = [
     "DeviceRuleError",
     "add_sync_hook",
     "count_host_sync",
+    "current",
     "enabled",
     "host_data",
     "host_syncs",
     "is_device_tensor",
+    "rank_device",
     "reset_host_syncs",
     "setup",
     "wrap",

@@ -67,6 +67,20 @@ def set_device(device: torch.device | str | int) -> None:
     _current["index"] = index
 
 
+def current() -> torch.device:
+    """This process's current emulated device, e.g. `gpu:1`."""
+    return torch.device(_device.DEVICE_TYPE, current_device())
+
+
+def rank_device(local_rank: int, local_world_size: int) -> torch.device:
+    """Set up the emulation for a rank: `local_world_size` GPUs on this host, the
+    rank's own current; return its device `gpu:<local_rank>`."""
+    _device.setup()
+    set_device_count(local_world_size)
+    set_device(local_rank)
+    return current()
+
+
 def synchronize(device: Any = None) -> None:
     """Wait for the device: nothing is pending here, but the wait is counted."""
     _device.count_host_sync("synchronize")
@@ -167,6 +181,12 @@ def get_rng_state(device: Any = None) -> torch.Tensor:
 
 def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
     torch.set_rng_state(state)
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """What `torch.autocast("gpu", ...)` accepts; no cast kernels are registered for
+    the emulated device, so its ops run in their own dtype (a real GPU casts)."""
+    return [torch.float16, torch.bfloat16]
 
 
 def is_available() -> bool:
