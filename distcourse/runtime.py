@@ -62,10 +62,11 @@ def gpu_count() -> int:
 
 DEVICE_VARIABLE = "DISTCOURSE_DEVICE"  # cpu | cuda | emulated: every rank's choice
 EMULATED = "emulated"  # DISTCOURSE_DEVICE value: an emulated GPU per rank
-# TODO(lead): emu-nccl's emulated NCCL backend name goes here once it is merged;
-# until then the emulated ranks' group is plain gloo (collectives on device
-# tensors need that backend).
-EMULATED_BACKEND = "gloo"
+# TODO(lead): emu-nccl's emulated NCCL backend goes here once it is merged; until
+# then gloo serves both device types (it reaches the data of device tensors through
+# their dispatch: all_reduce, FSDP2's and pipelining's collectives ran on 2 ranks,
+# DDP's backward and DTensor's scatter did not; see distcourse/emulate/host.py).
+EMULATED_BACKEND = "cpu:gloo,gpu:gloo"
 
 
 def device_preference() -> str | None:

@@ -70,7 +70,8 @@ class DeviceTensor(torch.Tensor):
     """A tensor on the emulated device: reports `gpu:<i>`, computes on `_host`."""
 
     _host: torch.Tensor
-    __slots__ = ("_host",)
+    _device: torch.device
+    __slots__ = ("_device", "_host")
 
     @staticmethod
     def __new__(cls, host: torch.Tensor, device: torch.device) -> DeviceTensor:
@@ -81,11 +82,25 @@ class DeviceTensor(torch.Tensor):
             storage_offset=host.storage_offset(),
             dtype=host.dtype,
             layout=host.layout,
-            device=device,
+            device=torch.device(DEVICE_TYPE, 0),  # see `device` below
             requires_grad=False,
         )
         out._host = host
+        out._device = device
         return out
+
+    # torch's Python PrivateUse1 device guard reports one device (deviceCount() ==
+    # 1), and the autograd engine asserts every node's device index is below the
+    # count: a backward on index 1 fails with "device.index() < ...
+    # device_ready_queues_.size() INTERNAL ASSERT FAILED" (torch/csrc/acc/Module.cpp,
+    # PythonDeviceGuard). So the C++ tensor says gpu:0 on every rank while Python
+    # code, the same-device rule and printing see the rank's own `gpu:<i>`.
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return self._device
+
+    def get_device(self) -> int:
+        return self._device.index or 0
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -94,6 +109,11 @@ class DeviceTensor(torch.Tensor):
         body = body[:-1] if body.endswith(")") else body
         grad = ", requires_grad=True" if self.requires_grad else ""
         return f"{body}, device='{self.device}'{grad})"
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """The host storage behind the tensor: FSDP2 frees and re-allocates unsharded
+        parameters by resizing it (`_fsdp_param.free_storage`/`alloc_storage`)."""
+        return self._host.untyped_storage()
 
     def tolist(self) -> Any:  # torch refuses .tolist() on subclasses: via the host
         return self.cpu().tolist()
@@ -121,7 +141,7 @@ def _dispatch(func: Any, args: Any, kwargs: dict) -> Any:
 
     def unwrap(x: Any) -> Any:
         if isinstance(x, DeviceTensor):
-            devices.append(x.device)
+            devices.append(x._device)
             inners[id(x._host)] = x
             return x._host
         if isinstance(x, torch.Tensor):
@@ -226,8 +246,11 @@ def wrap(host: torch.Tensor, device: torch.device | str | int) -> torch.Tensor:
 
 def _track(host: torch.Tensor) -> None:
     """Count the bytes of each distinct live storage behind device tensors."""
-    storage = host.untyped_storage()
-    key = storage.data_ptr()
+    try:
+        storage = host.untyped_storage()
+        key = storage.data_ptr()
+    except RuntimeError:  # no data of its own (e.g. a storage torch freed)
+        return
     if key in _storages or storage.nbytes() == 0:
         return
     with _lock:
