@@ -175,7 +175,12 @@ def _dispatch(func: Any, args: Any, kwargs: dict) -> Any:
         if not isinstance(x, torch.Tensor):
             return x
         if id(x) in inners:  # an in-place op or out=: give back the caller's object
-            return inners[id(x)]
+            mine = inners[id(x)]
+            if mine.shape == x.shape and mine.stride() == x.stride():
+                return mine
+            # out= resized its output (e.g. arange's empty({0}) result): the
+            # wrapper's sizes cannot change, so the caller gets a new wrapper
+            return DeviceTensor(x, mine._device)
         if id(x) in keep:
             return x
         return wrap(x, dev)
@@ -316,6 +321,30 @@ def _empty(size: Any, **kw: Any) -> torch.Tensor:
     return wrap(host, kw.get("device") or DEVICE_TYPE)
 
 
+# Factories that aten writes as `empty({0})` then an out= kernel that resizes: the
+# wrapper's sizes cannot follow a resize made from C++, so they run on the host and
+# are wrapped whole.
+_SIZED_FACTORIES = (
+    "arange",
+    "arange.start",
+    "arange.start_step",
+    "linspace",
+    "logspace",
+    "eye",
+    "eye.m",
+    "randperm",
+    "randperm.generator",
+)
+
+
+def _host_factory(op: Any) -> Callable[..., torch.Tensor]:
+    def run(*args: Any, **kw: Any) -> torch.Tensor:
+        target = kw.pop("device", None) or DEVICE_TYPE
+        return wrap(op(*args, **kw, device="cpu"), target)
+
+    return run
+
+
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> Any:
     """Reached with Python dispatch off (e.g. `torch.tensor(..., device=...)`)."""
     src_host = src._host if isinstance(src, DeviceTensor) else src
@@ -354,5 +383,9 @@ def setup() -> None:
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
     lib.impl("empty.memory_format", _empty, "PrivateUse1")
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    for name in _SIZED_FACTORIES:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(_aten, packet), overload or "default")
+        lib.impl(name, _host_factory(op), "PrivateUse1")
     _state["library"] = lib
     _state["setup"] = True
