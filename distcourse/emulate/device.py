@@ -156,7 +156,7 @@ def _dispatch(func: Any, args: Any, kwargs: dict) -> Any:
         target = torch.device(target)
         if target.type == DEVICE_TYPE:
             h_kwargs["device"] = torch.device("cpu")
-            devices.append(_with_index(target))
+            devices.append(_factory_device(target))
         elif target.type == "cpu" and devices:
             leaving = True
     if func not in _CROSSING:
@@ -310,15 +310,28 @@ def reset_host_syncs() -> None:
 # --------------------------------------------------------------- registration ----
 
 
+def _factory_device(device: Any) -> torch.device:
+    """The device a factory kernel was asked for. C++ knows every device tensor as
+    gpu:0 (see DeviceTensor.device), so code that allocates from a tensor's C++
+    options (DDP's reducer buckets, say) asks for gpu:0: that means this process's
+    current device. The price: an explicit "gpu:0" on another rank is not caught."""
+    device = torch.device(device or DEVICE_TYPE)
+    if device.index in (None, 0):
+        from distcourse.emulate.devicemodule import current
+
+        return current()
+    return device
+
+
 def _empty_strided(size: Any, stride: Any, **kw: Any) -> torch.Tensor:
     host = torch.empty_strided(size, stride, dtype=kw.get("dtype"))
-    return wrap(host, kw.get("device") or DEVICE_TYPE)
+    return wrap(host, _factory_device(kw.get("device")))
 
 
 def _empty(size: Any, **kw: Any) -> torch.Tensor:
     fmt = kw.get("memory_format")
     host = torch.empty(size, dtype=kw.get("dtype"), memory_format=fmt)
-    return wrap(host, kw.get("device") or DEVICE_TYPE)
+    return wrap(host, _factory_device(kw.get("device")))
 
 
 # Factories that aten writes as `empty({0})` then an out= kernel that resizes: the
@@ -339,7 +352,7 @@ _SIZED_FACTORIES = (
 
 def _host_factory(op: Any) -> Callable[..., torch.Tensor]:
     def run(*args: Any, **kw: Any) -> torch.Tensor:
-        target = kw.pop("device", None) or DEVICE_TYPE
+        target = _factory_device(kw.pop("device", None))
         return wrap(op(*args, **kw, device="cpu"), target)
 
     return run
