@@ -80,8 +80,9 @@ def device_preference() -> str | None:
     value = os.environ.get(DEVICE_VARIABLE, "").strip().lower()
     if value not in ("", "cpu", "cuda", EMULATED):
         raise ValueError(
-            f"{DEVICE_VARIABLE}={os.environ[DEVICE_VARIABLE]!r}: use 'cpu', "
-            f"'cuda' or {EMULATED!r}, or leave it unset to choose by the GPUs visible"
+            f"{DEVICE_VARIABLE}={os.environ[DEVICE_VARIABLE]!r}: use 'cpu' or "
+            f"'cuda' ({EMULATED!r}: emulated GPUs), or leave it unset to choose by "
+            "the GPUs visible"
         )
     return value or None
 

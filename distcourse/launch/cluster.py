@@ -160,8 +160,9 @@ def processes(ranks: Ranks) -> list[int]:
 
 def default_ranks() -> int:
     """One rank per GPU on a GPU box, else DEFAULT_RANKS (also where DISTCOURSE_DEVICE
-    is 'cpu', as in the test configuration: the stored outputs' rank count)."""
-    if runtime.device_preference() == "cpu":
+    is 'cpu', as in the test configuration: the stored outputs' rank count, or
+    'emulated')."""
+    if runtime.device_preference() in ("cpu", runtime.EMULATED):
         return DEFAULT_RANKS
     return runtime.gpu_count() or DEFAULT_RANKS
 
