@@ -13,7 +13,19 @@ The interface other modules rely on (kept stable):
   `wrap(cpu_tensor, device)`;
 - `host_syncs()`, `reset_host_syncs()`, `count_host_sync(where)`, `add_sync_hook(fn)`;
 - `DeviceRuleError`, `RULE_SAME_DEVICE`;
-- `rank_device(local_rank, local_world_size)` (what the runtime calls), `current()`.
+- `rank_device(local_rank, local_world_size)` (what the runtime calls), `current()`;
+- `host_for(what, device)`, `host_runs()`: run something on the host, said aloud.
+
+torch's production modules on 2 emulated ranks (torch 2.14, gloo carrying the
+collectives; tests/test_emulate_device_torch.py): DDP, DTensor's `distribute_tensor`
+and `redistribute`, `parallelize_module`, `fully_shard` and `pipelining`'s GPipe all
+run on device tensors and match a one-process CPU run. None needs `host_for` today;
+it is the one way to run a module on the host should one stop working.
+
+What is not modelled: kernel numerics (every kernel is the CPU one), autocast's casts,
+streams (one in-order queue: events complete when recorded), memory limits, speeds.
+C++ knows every device tensor as gpu:0 (see `device.DeviceTensor.device`), so a
+factory asked for gpu:0 lands on the current device.
 """
 
 from distcourse.emulate.device import (
@@ -31,6 +43,7 @@ from distcourse.emulate.device import (
     wrap,
 )
 from distcourse.emulate.devicemodule import current, rank_device
+from distcourse.emulate.host import host_for, host_runs
 
 __all__ = [
     "DEVICE_TYPE",
@@ -41,6 +54,8 @@ __all__ = [
     "current",
     "enabled",
     "host_data",
+    "host_for",
+    "host_runs",
     "host_syncs",
     "is_device_tensor",
     "rank_device",
