@@ -151,20 +151,20 @@ def _dispatch(func: Any, args: Any, kwargs: dict) -> Any:
     h_args = tree_map(unwrap, args)
     h_kwargs = tree_map(unwrap, kwargs)
     target = h_kwargs.get("device")
-    leaving = False
+    leaving = synced = False  # leaving the device; waiting for it (to the host)
     if target is not None:
         target = torch.device(target)
         if target.type == DEVICE_TYPE:
             h_kwargs["device"] = torch.device("cpu")
             devices.append(_factory_device(target))
-        elif target.type == "cpu" and devices:
-            leaving = True
+        elif devices:  # to the host, or elsewhere (pipelining's shapes go to meta)
+            leaving, synced = True, target.type == "cpu"
     if func not in _CROSSING:
         _check_same_device(func, devices, hosts)
     elif func is _aten.copy_.default and not isinstance(args[0], DeviceTensor):
-        leaving = True  # copy_(host_dst, device_src)
+        leaving = synced = True  # copy_(host_dst, device_src)
     out = func(*h_args, **h_kwargs)
-    if func in _SCALAR_OUT or leaving:
+    if synced or func in _SCALAR_OUT:
         count_host_sync(str(func))
     if leaving:
         return out
