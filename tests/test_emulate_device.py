@@ -159,3 +159,9 @@ def test_each_emulated_rank_owns_gpu_of_its_local_rank() -> None:
             "current": r,
             "sum": [3.0, 3.0],
         }
+
+
+def test_data_pointers_tell_views_of_one_place_apart_as_on_a_gpu() -> None:
+    x = torch.zeros(8, device=GPU)
+    assert x[:4].data_ptr() == x.data_ptr() != torch.zeros(8, device=GPU).data_ptr()
+    assert x[4:].data_ptr() == x.data_ptr() + 16

@@ -115,6 +115,11 @@ class DeviceTensor(torch.Tensor):
         parameters by resizing it (`_fsdp_param.free_storage`/`alloc_storage`)."""
         return self._host.untyped_storage()
 
+    def data_ptr(self) -> int:
+        """The host data's address: two views of one place compare equal, as on a
+        GPU (the wrapper itself has no storage, and would answer 0 for all)."""
+        return self._host.data_ptr()
+
     def tolist(self) -> Any:  # torch refuses .tolist() on subclasses: via the host
         return self.cpu().tolist()
 
