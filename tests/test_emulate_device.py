@@ -121,10 +121,14 @@ def _host_tensor_into_package_layer() -> None:
     layer(torch.randn(3, 4))  # the fault: the batch stays on the host
 
 
-@pytest.mark.parametrize(
-    "fault", [_module_left_on_host, _host_tensor_into_package_layer]
-)
-def test_planted_faults_are_refused_naming_the_rule(fault) -> None:
+FAULTS = [  # each with the place its error names: the line whose op mixed devices
+    (_module_left_on_host, "test_emulate_device.py"),
+    (_host_tensor_into_package_layer, "parallel/tensor/layers.py"),
+]
+
+
+@pytest.mark.parametrize(("fault", "place"), FAULTS)
+def test_planted_faults_are_refused_naming_the_rule(fault, place: str) -> None:
     start = time.monotonic()
     with pytest.raises(runtime.RankError) as err:
         spawn(fault, 2, backend="emulated", timeout=10)
@@ -132,6 +136,8 @@ def test_planted_faults_are_refused_naming_the_rule(fault) -> None:
     text = str(err.value)
     assert "rank " in text and emulate.RULE_SAME_DEVICE in text, text
     assert "found at least two devices, gpu:" in text and "and cpu!" in text, text
+    first = text.splitlines()[0]
+    assert first.startswith("rank ") and f"{place}:" in first, first
 
 
 def _rank_view() -> dict:

@@ -27,6 +27,8 @@ The rules modelled, each from CUDA/torch behaviour:
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -53,6 +55,7 @@ _HOST_INDEXED = {  # advanced indexing takes index tensors from the host
 }
 _SCALAR_OUT = {_aten._local_scalar_dense.default}
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
 _state: dict[str, Any] = {"setup": False, "syncs": 0, "live": 0, "peak": 0}
 _storages: dict[int, int] = {}  # data_ptr of a live device storage -> its bytes
@@ -211,9 +214,21 @@ def _check_same_device(
 def _mixing_message(func: Any, a: torch.device, b: torch.device) -> str:
     return (
         "Expected all tensors to be on the same device, but found at least two "
-        f"devices, {a} and {b}! [{RULE_SAME_DEVICE}: {func} got a tensor on {b}; "
-        f"move it with .to({str(a)!r}) (or runtime.device()) first]"
+        f"devices, {a} and {b}! [{RULE_SAME_DEVICE}: {func} got a tensor on {b}"
+        f"{_place()}; move it with .to({str(a)!r}) (or runtime.device()) first]"
     )
+
+
+def _place() -> str:
+    """' at file:line in function' of the innermost caller outside torch and this
+    package (the line that made the op), or '' if there is none."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if f"{os.sep}torch{os.sep}" not in name and _HERE not in name:
+            return f" at {name}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return ""
 
 
 def _with_index(device: torch.device) -> torch.device:
