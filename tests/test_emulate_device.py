@@ -171,3 +171,12 @@ def test_data_pointers_tell_views_of_one_place_apart_as_on_a_gpu() -> None:
     x = torch.zeros(8, device=GPU)
     assert x[:4].data_ptr() == x.data_ptr() != torch.zeros(8, device=GPU).data_ptr()
     assert x[4:].data_ptr() == x.data_ptr() + 16
+
+
+def test_moves_between_emulated_gpus_land_where_asked() -> None:
+    emulate.rank_device(0, 2)
+    x = torch.ones(2, device=GPU)
+    assert x.to("gpu:1").device == torch.device("gpu", 1)
+    assert torch.zeros_like(x, device="gpu:1").device == torch.device("gpu", 1)
+    with pytest.raises(emulate.DeviceRuleError, match="gpu:0 and gpu:1"):
+        x + x.to("gpu:1")

@@ -108,6 +108,7 @@ class DeviceTensor(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
+        count_host_sync("print")  # printing copies to the host, as on CUDA
         body = repr(self._host.detach())
         body = body[:-1] if body.endswith(")") else body
         grad = ", requires_grad=True" if self.requires_grad else ""
@@ -160,14 +161,15 @@ def _dispatch(func: Any, args: Any, kwargs: dict) -> Any:
     h_kwargs = tree_map(unwrap, kwargs)
     target = h_kwargs.get("device")
     leaving = synced = False  # leaving the device; waiting for it (to the host)
+    made_on = None  # an op told where to put its result (`to`, `*_like`, `new_*`)
     if target is not None:
         target = torch.device(target)
         if target.type == DEVICE_TYPE:
             h_kwargs["device"] = torch.device("cpu")
-            devices.append(_factory_device(target))
+            made_on = _factory_device(target)
         elif devices:  # to the host, or elsewhere (pipelining's shapes go to meta)
             leaving, synced = True, target.type == "cpu"
-    if func not in _CROSSING:
+    if made_on is None and func not in _CROSSING:
         _check_same_device(func, devices, hosts)
     elif func is _aten.copy_.default and not isinstance(args[0], DeviceTensor):
         leaving = synced = True  # copy_(host_dst, device_src)
@@ -176,7 +178,7 @@ def _dispatch(func: Any, args: Any, kwargs: dict) -> Any:
         count_host_sync(str(func))
     if leaving:
         return out
-    dev = devices[0]
+    dev = made_on or devices[0]
     keep = {id(h) for h in hosts}
 
     def wrap_out(x: Any) -> Any:
