@@ -180,3 +180,29 @@ def test_moves_between_emulated_gpus_land_where_asked() -> None:
     assert torch.zeros_like(x, device="gpu:1").device == torch.device("gpu", 1)
     with pytest.raises(emulate.DeviceRuleError, match="gpu:0 and gpu:1"):
         x + x.to("gpu:1")
+
+
+def test_copies_pickles_and_checkpoints_keep_device_and_values() -> None:
+    import copy
+    import io
+    import pickle
+
+    m = nn.Linear(3, 2).to(GPU)
+    twin = copy.deepcopy(m)
+    for a, b in zip(m.parameters(), twin.parameters(), strict=True):
+        assert b.shape == a.shape and b.device == GPU and torch.equal(a.cpu(), b.cpu())
+        assert isinstance(b, nn.Parameter) and b.requires_grad
+    x = torch.arange(4.0, device=GPU)
+    assert pickle.loads(pickle.dumps(x)).cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+    buffer = io.BytesIO()
+    torch.save(m.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer)  # weights_only, as torch's default
+    assert all(v.device == GPU for v in state.values())
+    buffer.seek(0)
+    assert all(v.device.type == "cpu" for v in torch.load(buffer, "cpu").values())
+
+
+def test_reshaping_a_device_tensor_in_place_is_refused_aloud() -> None:
+    with pytest.raises(NotImplementedError, match="changed a device tensor's sizes"):
+        torch.zeros(2, device=GPU).resize_(4)

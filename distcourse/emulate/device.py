@@ -27,6 +27,7 @@ The rules modelled, each from CUDA/torch behaviour:
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import threading
@@ -54,6 +55,15 @@ _HOST_INDEXED = {  # advanced indexing takes index tensors from the host
     _aten._index_put_impl_.default,
 }
 _SCALAR_OUT = {_aten._local_scalar_dense.default}
+_RESHAPING_IN_PLACE = {  # would leave the wrapper's sizes stale: refused aloud
+    _aten.resize_.default,
+    _aten.resize_as_.default,
+    _aten.as_strided_.default,
+    _aten.set_.source_Storage,
+    _aten.set_.source_Storage_storage_offset,
+    _aten.set_.source_Tensor,
+    _aten.set_.default,
+}
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
@@ -118,6 +128,29 @@ class DeviceTensor(torch.Tensor):
         """The host storage behind the tensor: FSDP2 frees and re-allocates unsharded
         parameters by resizing it (`_fsdp_param.free_storage`/`alloc_storage`)."""
         return self._host.untyped_storage()
+
+    def __reduce_ex__(self, proto: Any) -> Any:
+        """Pickled as torch pickles a storage-less PrivateUse1 tensor (Tensor.
+        _reduce_ex_internal): its host copy, rebuilt with `.to(device)` by a function
+        `torch.load(weights_only=True)` accepts (and `map_location` redirects)."""
+        return (
+            torch._utils._rebuild_device_tensor_from_cpu_tensor,
+            (self.cpu(), self.dtype, str(self._device), self.requires_grad),
+        )
+
+    def __deepcopy__(self, memo: dict) -> DeviceTensor:
+        """A copy on the same device (torch's generic deepcopy of a tensor subclass
+        rebuilds it with `set_`, which cannot reach a wrapper's sizes)."""
+        if id(self) in memo:
+            return memo[id(self)]
+        new = wrap(copy.deepcopy(self._host.detach(), memo), self._device)
+        new.requires_grad_(self.requires_grad)
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        for key, value in self.__dict__.items():
+            setattr(new, key, copy.deepcopy(value, memo))
+        memo[id(self)] = new
+        return new
 
     def data_ptr(self) -> int:
         """The host data's address: two views of one place compare equal, as on a
@@ -188,6 +221,12 @@ def _dispatch(func: Any, args: Any, kwargs: dict) -> Any:
             mine = inners[id(x)]
             if mine.shape == x.shape and mine.stride() == x.stride():
                 return mine
+            if func in _RESHAPING_IN_PLACE:
+                raise NotImplementedError(
+                    f"emulated GPU: {func} changed a device tensor's sizes in place "
+                    f"({tuple(mine.shape)} -> {tuple(x.shape)}), which the emulation "
+                    "cannot show; make a new tensor instead"
+                )
             # out= resized its output (e.g. arange's empty({0}) result): the
             # wrapper's sizes cannot change, so the caller gets a new wrapper
             return DeviceTensor(x, mine._device)
