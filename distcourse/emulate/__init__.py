@@ -28,17 +28,19 @@ C++ knows every device tensor as gpu:0 (see `device.DeviceTensor.device`), so a
 factory asked for gpu:0 lands on the current device.
 """
 
+from distcourse.emulate.counters import (
+    add_sync_hook,
+    count_host_sync,
+    host_syncs,
+    reset_host_syncs,
+)
 from distcourse.emulate.device import (
     DEVICE_TYPE,
     RULE_SAME_DEVICE,
     DeviceRuleError,
-    add_sync_hook,
-    count_host_sync,
     enabled,
     host_data,
-    host_syncs,
     is_device_tensor,
-    reset_host_syncs,
     setup,
     wrap,
 )

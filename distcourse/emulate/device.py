@@ -30,13 +30,13 @@ from __future__ import annotations
 import copy
 import os
 import sys
-import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
+
+from distcourse.emulate import counters
 
 DEVICE_TYPE = "gpu"
 RULE_SAME_DEVICE = "same-device rule (emulated GPU)"
@@ -66,10 +66,7 @@ _RESHAPING_IN_PLACE = {  # would leave the wrapper's sizes stale: refused aloud
 }
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_lock = threading.Lock()
-_state: dict[str, Any] = {"setup": False, "syncs": 0, "live": 0, "peak": 0}
-_storages: dict[int, int] = {}  # data_ptr of a live device storage -> its bytes
-_sync_hooks: list[Callable[[str], None]] = []
+_state: dict[str, Any] = {"setup": False}
 
 
 class DeviceRuleError(RuntimeError):
@@ -118,7 +115,7 @@ class DeviceTensor(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        count_host_sync("print")  # printing copies to the host, as on CUDA
+        counters.count_host_sync("print")  # printing copies to the host, as on CUDA
         body = repr(self._host.detach())
         body = body[:-1] if body.endswith(")") else body
         grad = ", requires_grad=True" if self.requires_grad else ""
@@ -208,7 +205,7 @@ def _dispatch(func: Any, args: Any, kwargs: dict) -> Any:
         leaving = synced = True  # copy_(host_dst, device_src)
     out = func(*h_args, **h_kwargs)
     if synced or func in _SCALAR_OUT:
-        count_host_sync(str(func))
+        counters.count_host_sync(str(func))
     if leaving:
         return out
     dev = made_on or devices[0]
@@ -306,66 +303,8 @@ def wrap(host: torch.Tensor, device: torch.device | str | int) -> torch.Tensor:
         raise ValueError(f"wrap: {device} is not the emulated device {DEVICE_TYPE!r}")
     if isinstance(host, DeviceTensor) or host.device.type != "cpu":
         raise TypeError(f"wrap expects a CPU tensor, got one on {host.device}")
-    _track(host)
+    counters.track(host)
     return DeviceTensor(host.detach(), device)
-
-
-def _track(host: torch.Tensor) -> None:
-    """Count the bytes of each distinct live storage behind device tensors."""
-    try:
-        storage = host.untyped_storage()
-        key = storage.data_ptr()
-    except RuntimeError:  # no data of its own (e.g. a storage torch freed)
-        return
-    if key in _storages or storage.nbytes() == 0:
-        return
-    with _lock:
-        _storages[key] = storage.nbytes()
-        _state["live"] += storage.nbytes()
-        _state["peak"] = max(_state["peak"], _state["live"])
-    weakref.finalize(storage, _untrack, key)
-
-
-def _untrack(key: int) -> None:
-    with _lock:
-        _state["live"] -= _storages.pop(key, 0)
-
-
-def memory_allocated() -> int:
-    """Bytes of host storage now held by live device tensors (views counted once)."""
-    return _state["live"]
-
-
-def max_memory_allocated() -> int:
-    """The most bytes `memory_allocated` has reached since the last reset."""
-    return _state["peak"]
-
-
-def reset_peak_memory_stats() -> None:
-    """Restart `max_memory_allocated` from what is live now."""
-    _state["peak"] = _state["live"]
-
-
-def count_host_sync(where: str = "synchronize") -> None:
-    """Record one host synchronization (and tell the hooks, e.g. emulated NCCL)."""
-    _state["syncs"] += 1
-    for hook in list(_sync_hooks):
-        hook(where)
-
-
-def add_sync_hook(hook: Callable[[str], None]) -> None:
-    """Call `hook(where)` at every host synchronization (device exit or synchronize)."""
-    _sync_hooks.append(hook)
-
-
-def host_syncs() -> int:
-    """How many host synchronizations this process made since the last reset."""
-    return int(_state["syncs"])
-
-
-def reset_host_syncs() -> None:
-    """Start counting host synchronizations from zero."""
-    _state["syncs"] = 0
 
 
 # --------------------------------------------------------------- registration ----
@@ -425,7 +364,7 @@ def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
     if isinstance(dst, DeviceTensor):
         dst._host.copy_(src_host)
     else:
-        count_host_sync("copy to host")
+        counters.count_host_sync("copy to host")
         dst.copy_(src_host)
     return dst
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from distcourse.emulate import counters
 from distcourse.emulate import device as _device
 
 COUNT_VARIABLE = "DISTCOURSE_EMULATED_GPUS"  # devices per host; else the local world
@@ -83,7 +84,7 @@ def rank_device(local_rank: int, local_world_size: int) -> torch.device:
 
 def synchronize(device: Any = None) -> None:
     """Wait for the device: nothing is pending here, but the wait is counted."""
-    _device.count_host_sync("synchronize")
+    counters.count_host_sync("synchronize")
 
 
 class Event:
@@ -103,7 +104,7 @@ class Event:
         return self.at is not None
 
     def synchronize(self) -> None:
-        _device.count_host_sync("Event.synchronize")
+        counters.count_host_sync("Event.synchronize")
 
     def elapsed_time(self, end: Event) -> float:
         """Milliseconds between two recorded events, as `torch.cuda.Event`."""
@@ -136,7 +137,7 @@ class Stream:
         return True
 
     def synchronize(self) -> None:
-        _device.count_host_sync("Stream.synchronize")
+        counters.count_host_sync("Stream.synchronize")
 
     def __enter__(self) -> Stream:
         return self
@@ -201,9 +202,9 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
-memory_allocated = _device.memory_allocated
-max_memory_allocated = _device.max_memory_allocated
-reset_peak_memory_stats = _device.reset_peak_memory_stats
+memory_allocated = counters.memory_allocated
+max_memory_allocated = counters.max_memory_allocated
+reset_peak_memory_stats = counters.reset_peak_memory_stats
 
 
 def empty_cache() -> None:
