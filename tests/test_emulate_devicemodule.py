@@ -60,3 +60,10 @@ def test_seeding_makes_device_draws_reproducible() -> None:
     gpu.manual_seed(3)
     b = torch.randn(4, device="gpu").cpu()
     assert torch.equal(a, b)
+
+
+def test_a_device_block_switches_the_current_device_and_back() -> None:
+    devicemodule.set_device_count(2)
+    with gpu.device(1):
+        assert gpu.current_device() == 1
+    assert gpu.current_device() == 0

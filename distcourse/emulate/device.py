@@ -140,7 +140,7 @@ class DeviceTensor(torch.Tensor):
         rebuilds it with `set_`, which cannot reach a wrapper's sizes)."""
         if id(self) in memo:
             return memo[id(self)]
-        new = wrap(copy.deepcopy(self._host.detach(), memo), self._device)
+        new = wrap(self._host.detach().clone(), self._device)
         new.requires_grad_(self.requires_grad)
         if self.grad is not None:
             new.grad = copy.deepcopy(self.grad, memo)

@@ -82,6 +82,22 @@ def rank_device(local_rank: int, local_world_size: int) -> torch.device:
     return current()
 
 
+class device:  # noqa: N801 (torch.cuda.device's name)
+    """`with torch.gpu.device(i):` makes gpu:i current inside the block."""
+
+    def __init__(self, index: Any) -> None:
+        self.index = index if isinstance(index, int) else torch.device(index).index
+        self.previous = current_device()
+
+    def __enter__(self) -> None:
+        self.previous = current_device()
+        if self.index is not None and self.index >= 0:
+            set_device(self.index)
+
+    def __exit__(self, *exc: object) -> None:
+        set_device(self.previous)
+
+
 def synchronize(device: Any = None) -> None:
     """Wait for the device: nothing is pending here, but the wait is counted."""
     counters.count_host_sync("synchronize")
