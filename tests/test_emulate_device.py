@@ -206,3 +206,8 @@ def test_copies_pickles_and_checkpoints_keep_device_and_values() -> None:
 def test_reshaping_a_device_tensor_in_place_is_refused_aloud() -> None:
     with pytest.raises(NotImplementedError, match="changed a device tensor's sizes"):
         torch.zeros(2, device=GPU).resize_(4)
+
+
+def test_a_wrapper_over_a_device_tensor_gets_cpps_gpu0() -> None:
+    assert emulate.wrapper_device(torch.device("gpu", 3)) == GPU
+    assert emulate.wrapper_device(torch.device("cpu")) == torch.device("cpu")

@@ -43,6 +43,7 @@ from distcourse.emulate.device import (
     is_device_tensor,
     setup,
     wrap,
+    wrapper_device,
 )
 from distcourse.emulate.devicemodule import current, rank_device
 from distcourse.emulate.host import host_for, host_runs
@@ -64,4 +65,5 @@ __all__ = [
     "reset_host_syncs",
     "setup",
     "wrap",
+    "wrapper_device",
 ]

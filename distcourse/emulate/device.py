@@ -280,6 +280,13 @@ def _with_index(device: torch.device) -> torch.device:
 # ------------------------------------------------------------------ interface ----
 
 
+def wrapper_device(device: torch.device) -> torch.device:
+    """The device to give a tensor subclass that wraps one on `device` (a global
+    tensor, say): C++ must see every emulated tensor as gpu:0 (DeviceTensor.device
+    says why); any other device is itself."""
+    return torch.device(DEVICE_TYPE, 0) if device.type == DEVICE_TYPE else device
+
+
 def is_device_tensor(t: Any) -> bool:
     """True for a tensor on the emulated device (the wrapper)."""
     return isinstance(t, DeviceTensor)
