@@ -62,10 +62,11 @@ def gpu_count() -> int:
 
 DEVICE_VARIABLE = "DISTCOURSE_DEVICE"  # cpu | cuda | emulated: every rank's choice
 EMULATED = "emulated"  # DISTCOURSE_DEVICE value: an emulated GPU per rank
-# TODO(lead): emu-nccl's emulated NCCL backend goes here once it is merged; until
-# then gloo serves both device types (it reaches the data of device tensors through
-# their dispatch: all_reduce, FSDP2's and pipelining's collectives ran on 2 ranks,
-# DDP's backward and DTensor's scatter did not; see distcourse/emulate/host.py).
+# TODO(lead): emu-nccl's emulated NCCL backend goes here once it is merged (their
+# distcourse/emulate/nccl.py: BACKEND = "emunccl", registered by nccl.register());
+# until then gloo serves both device types: it reaches device tensors' data through
+# their dispatch (torch's DDP, DTensor, fully_shard and pipelining ran on 2 ranks:
+# tests/test_emulate_device_torch.py), without NCCL's rules.
 EMULATED_BACKEND = "cpu:gloo,gpu:gloo"
 
 

@@ -15,6 +15,8 @@ The interface other modules rely on (kept stable):
 - `DeviceRuleError`, `RULE_SAME_DEVICE`;
 - `rank_device(local_rank, local_world_size)` (what the runtime calls), `current()`;
 - `host_for(what, device)`, `host_runs()`: run something on the host, said aloud.
+- `wrapper_device(device)`: the device for a tensor subclass wrapping a device tensor
+  (C++ must see gpu:0; global tensors use it).
 
 torch's production modules on 2 emulated ranks (torch 2.14, gloo carrying the
 collectives; tests/test_emulate_device_torch.py): DDP, DTensor's `distribute_tensor`
