@@ -201,6 +201,8 @@ def test_copies_pickles_and_checkpoints_keep_device_and_values() -> None:
     assert all(v.device == GPU for v in state.values())
     buffer.seek(0)
     assert all(v.device.type == "cpu" for v in torch.load(buffer, "cpu").values())
+    buffer.seek(0)  # map_location on the device: chapter 1 loads its checkpoint so
+    assert all(v.device == GPU for v in torch.load(buffer, GPU).values())
 
 
 def test_reshaping_a_device_tensor_in_place_is_refused_aloud() -> None:

@@ -376,6 +376,18 @@ def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
     return dst
 
 
+def _keep_on_host(storage: Any, location: str) -> Any:
+    """torch.load with map_location on the emulated device: a storage cannot live
+    there (device data live in wrappers), so it stays on the host; device tensors
+    then rebuild themselves with `.to(device)` (see DeviceTensor.__reduce_ex__). A
+    plain tensor saved from the host comes back on the host (CUDA would move it)."""
+    return storage if location.startswith(DEVICE_TYPE) else None
+
+
+def _no_tag(storage: Any) -> None:
+    return None
+
+
 def enabled() -> bool:
     """True once `setup()` has run in this process."""
     return bool(_state["setup"])
@@ -407,5 +419,6 @@ def setup() -> None:
         packet, _, overload = name.partition(".")
         op = getattr(getattr(_aten, packet), overload or "default")
         lib.impl(name, _host_factory(op), "PrivateUse1")
+    torch.serialization.register_package(5, _no_tag, _keep_on_host)
     _state["library"] = lib
     _state["setup"] = True
