@@ -258,12 +258,13 @@ def _mixing_message(func: Any, a: torch.device, b: torch.device) -> str:
 
 
 def _place() -> str:
-    """' at file:line in function' of the innermost caller outside torch and this
-    package (the line that made the op), or '' if there is none."""
+    """' at file:line in function' of the innermost caller outside torch, this
+    package and dispatch modes (the line that made the op), or '' if none."""
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
-        if f"{os.sep}torch{os.sep}" not in name and _HERE not in name:
+        outside = f"{os.sep}torch{os.sep}" not in name and _HERE not in name
+        if outside and frame.f_code.co_name != "__torch_dispatch__":  # not a mode
             return f" at {name}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back  # type: ignore[assignment]
     return ""
