@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from distcourse import emulate
 from distcourse.rendezvous import (
     LOOPBACK,
     as_timedelta,
@@ -59,21 +60,30 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-DEVICE_VARIABLE = "DISTCOURSE_DEVICE"  # cpu | cuda: forces every rank's choice
+DEVICE_VARIABLE = "DISTCOURSE_DEVICE"  # cpu | cuda | emulated: every rank's choice
+EMULATED = "emulated"  # DISTCOURSE_DEVICE value: an emulated GPU per rank
+# TODO(lead): emu-nccl's emulated NCCL backend goes here once it is merged (their
+# distcourse/emulate/nccl.py: BACKEND = "emunccl", registered by nccl.register());
+# until then gloo serves both device types: it reaches device tensors' data through
+# their dispatch (torch's DDP, DTensor, fully_shard and pipelining ran on 2 ranks:
+# tests/test_emulate_device_torch.py), without NCCL's rules.
+EMULATED_BACKEND = "cpu:gloo,gpu:gloo"
 
 
 def device_preference() -> str | None:
-    """'cpu' or 'cuda' as DISTCOURSE_DEVICE asks, or None when it is unset or empty.
+    """'cpu', 'cuda' or 'emulated' as DISTCOURSE_DEVICE asks, or None when unset.
 
     The test configuration sets it to 'cpu' (the stored outputs are CPU outputs, so
-    the book compares equal on a GPU box too); `make test-gpu` sets 'cuda'. Child
+    the book compares equal on a GPU box too); `make test-gpu` sets 'cuda';
+    'emulated' gives every rank an emulated GPU (`distcourse.emulate`). Child
     processes (engines, spawned ranks, torchrun's workers) inherit it.
     """
     value = os.environ.get(DEVICE_VARIABLE, "").strip().lower()
-    if value not in ("", "cpu", "cuda"):
+    if value not in ("", "cpu", "cuda", EMULATED):
         raise ValueError(
             f"{DEVICE_VARIABLE}={os.environ[DEVICE_VARIABLE]!r}: use 'cpu' or "
-            "'cuda', or leave it unset to choose by the GPUs visible"
+            f"'cuda' ({EMULATED!r}: emulated GPUs), or leave it unset to choose by "
+            "the GPUs visible"
         )
     return value or None
 
@@ -91,12 +101,18 @@ def pick_backend(
     only on the counts, so every rank makes the same one. `prefer` ("gloo"/"cpu" or
     "nccl"/"cuda"), or else the environment variable DISTCOURSE_DEVICE (cpu/cuda),
     forces a choice. `gpus` is the number of GPUs visible (default: gpu_count()).
+    'emulated' gives every rank the emulated GPU `gpu:<local_rank>` (one per local
+    rank, as NCCL needs) whatever the host has.
     """
     prefer = (prefer or "").lower() or device_preference()
-    if prefer not in (None, "gloo", "cpu", "nccl", "cuda"):
-        raise ValueError(f"unknown backend or device {prefer!r}; use 'gloo' or 'nccl'")
+    if prefer not in (None, "gloo", "cpu", "nccl", "cuda", EMULATED):
+        raise ValueError(
+            f"unknown backend or device {prefer!r}; use 'gloo', 'nccl' or {EMULATED!r}"
+        )
     if not 0 <= local_rank < local_world_size:
         raise ValueError(f"local_rank={local_rank} outside 0..{local_world_size - 1}")
+    if prefer == EMULATED:
+        return EMULATED_BACKEND, emulate.rank_device(local_rank, local_world_size)
     gpus = gpu_count() if gpus is None else gpus
     if prefer in ("gloo", "cpu"):
         return "gloo", torch.device("cpu")
@@ -183,7 +199,7 @@ def _join(
     """Bind this rank to its device and create the default group (init's last step)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    elif threads:
+    elif threads:  # CPU and emulated ranks share the host's cores
         torch.set_num_threads(threads)
     previous = dist.get_debug_level()
     if debug:  # the level is read when the group is created; restored after
@@ -245,6 +261,8 @@ def require_initialized() -> RankInfo:
 def _device_of(backend: str) -> torch.device:
     if backend == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
+    if emulate.enabled():
+        return emulate.current()
     return torch.device("cpu")
 
 

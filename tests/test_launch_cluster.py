@@ -58,6 +58,19 @@ def test_default_ranks_follow_the_device_variable(monkeypatch) -> None:
     assert cluster.default_ranks() == 8
     monkeypatch.delenv(runtime.DEVICE_VARIABLE)
     assert cluster.default_ranks() == 8
+    monkeypatch.setenv(runtime.DEVICE_VARIABLE, "emulated")
+    assert cluster.default_ranks() == cluster.DEFAULT_RANKS
+
+
+def test_ranks_start_on_emulated_gpus() -> None:
+    with pytest.raises(ValueError, match="backend or device"):
+        cluster.start(2, backend="gloo", device="emulated")
+    ranks = cluster.start(2, device="emulated", activate=False)
+    try:
+        devices = ranks.run(_device_and_sum)
+    finally:
+        ranks.stop()
+    assert devices == [("gpu:0", 1.0), ("gpu:1", 1.0)]
 
 
 def _ranks_and_sum() -> tuple[int, int, float]:
@@ -67,6 +80,17 @@ def _ranks_and_sum() -> tuple[int, int, float]:
     t = torch.tensor([float(dist.get_rank())])
     dist.all_reduce(t)
     return dist.get_rank(), dist.get_world_size(), t.item()
+
+
+def _device_and_sum() -> tuple[str, float]:
+    import torch
+    import torch.distributed as dist
+
+    from distcourse import runtime
+
+    t = torch.tensor([float(dist.get_rank())], device=runtime.device())
+    dist.all_reduce(t)
+    return str(t.device), t.item()
 
 
 def _fail_on_rank_one() -> None:

@@ -283,3 +283,15 @@ def test_debug_reports_mismatched_collectives() -> None:
     zero, one = spawn(_mismatched_shapes, 2, debug=True, timeout=5)
     assert "Detected mismatch between collectives" in zero
     assert "Tensor shapes: 1vs 2" in zero and "Tensor shapes: 2vs 1" in one
+
+
+def test_emulated_device_gives_each_local_rank_its_emulated_gpu(monkeypatch) -> None:
+    from distcourse import emulate
+
+    monkeypatch.setenv(runtime.DEVICE_VARIABLE, "emulated")
+    backend, device = runtime.pick_backend(1, 2, gpus=0)
+    assert backend == runtime.EMULATED_BACKEND
+    assert device == torch.device(emulate.DEVICE_TYPE, 1) and emulate.enabled()
+    assert torch.get_device_module(emulate.DEVICE_TYPE).device_count() == 2
+    monkeypatch.delenv(runtime.DEVICE_VARIABLE)
+    assert runtime.pick_backend(0, 2, prefer="emulated", gpus=8)[1].index == 0

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcourse import emulate
 from distcourse.rendezvous import as_timedelta
 from distcourse.runtime import DEFAULT_TIMEOUT, require_initialized
 
@@ -50,10 +51,12 @@ class Placement:
 
     @property
     def device(self) -> torch.device:
-        """Where this rank's pieces live: cpu, or this rank's cuda device."""
+        """Where this rank's pieces live: cpu, or this rank's cuda (or emulated GPU)
+        device, the current one of its device module."""
         if self.device_type == "cpu":
             return torch.device("cpu")
-        return torch.device(self.device_type, torch.cuda.current_device())
+        module = torch.get_device_module(self.device_type)
+        return torch.device(self.device_type, module.current_device())
 
     def require_member(self, what: str) -> tuple[int, ...]:
         """This rank's coordinate; ValueError if it holds no piece of `what`."""
@@ -92,7 +95,9 @@ def placement(
     info = require_initialized()
     if mesh is not None:
         return _from_mesh(mesh)
-    if type not in ("cpu", "cuda"):
+    if type not in ("cpu", "cuda") and not (
+        emulate.enabled() and type == emulate.DEVICE_TYPE
+    ):
         raise ValueError(f'placement type must be "cpu" or "cuda", got {type!r}')
     grid = _grid(ranks, info.world_size)
     wait = as_timedelta(timeout)

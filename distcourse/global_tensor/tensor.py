@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from distcourse import emulate
 from distcourse.global_tensor import debug, dispatch
 from distcourse.global_tensor.boxing import box
 from distcourse.global_tensor.placement import Placement
@@ -83,7 +84,7 @@ class GlobalTensor(Tensor):
             shape,
             strides=_strides(shape),
             dtype=local.dtype,
-            device=local.device,
+            device=emulate.wrapper_device(local.device),  # local.device elsewhere
             requires_grad=requires_grad,
         )
         out._local = local.detach() if local.requires_grad else local

@@ -160,8 +160,9 @@ def processes(ranks: Ranks) -> list[int]:
 
 def default_ranks() -> int:
     """One rank per GPU on a GPU box, else DEFAULT_RANKS (also where DISTCOURSE_DEVICE
-    is 'cpu', as in the test configuration: the stored outputs' rank count)."""
-    if runtime.device_preference() == "cpu":
+    is 'cpu', as in the test configuration: the stored outputs' rank count, or
+    'emulated')."""
+    if runtime.device_preference() in ("cpu", runtime.EMULATED):
         return DEFAULT_RANKS
     return runtime.gpu_count() or DEFAULT_RANKS
 
@@ -173,14 +174,21 @@ def start(
     timeout: float = runtime.DEFAULT_TIMEOUT,
     debug: bool = False,
     activate: bool = True,
+    device: str | None = None,
 ) -> Ranks:
     """Start `n` ranks as ipyparallel engines and initialise a process group on each.
 
     Any ranks this kernel started before are stopped first, so re-running a notebook
     from the top works. `timeout` bounds every collective on the new group; `debug`
     checks every collective and names the ranks that did not arrive (runtime.init).
+    `device` ('cpu', 'cuda' or 'emulated') chooses the ranks' device as
+    DISTCOURSE_DEVICE does: 'emulated' gives each rank an emulated GPU
+    (`distcourse.emulate`), to see on a laptop whether the code would run on GPUs.
     """
     global _current
+    if device is not None and backend is not None:
+        raise ValueError("pass backend or device, not both")
+    backend = backend or device
     n = default_ranks() if n is None else n
     positive_int(n, "number of ranks")
     rendezvous.as_timedelta(timeout)

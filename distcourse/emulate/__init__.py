@@ -1,0 +1,71 @@
+"""Emulated GPU ranks: NCCL's and CUDA's rules on a CPU machine (issue 36).
+
+`DISTCOURSE_DEVICE=emulated` gives each rank a device `gpu:<local rank>` whose tensors
+live in host memory but behave like an accelerator's: a host tensor mixed into a device
+op is refused with CUDA's message, leaving the device is counted as a host
+synchronization. This package sits just below `distcourse.runtime` and never imports
+it (or the mesh, or comm).
+
+The interface other modules rely on (kept stable):
+- `DEVICE_TYPE`: the device type name ("gpu");
+- `setup()`: register the device in this process (idempotent); `enabled()`;
+- `is_device_tensor(t)`, `host_data(t)` (the CPU tensor behind `t`, sharing memory),
+  `wrap(cpu_tensor, device)`;
+- `host_syncs()`, `reset_host_syncs()`, `count_host_sync(where)`, `add_sync_hook(fn)`;
+- `DeviceRuleError`, `RULE_SAME_DEVICE`;
+- `rank_device(local_rank, local_world_size)` (what the runtime calls), `current()`;
+- `host_for(what, device)`, `host_runs()`: run something on the host, said aloud.
+- `wrapper_device(device)`: the device for a tensor subclass wrapping a device tensor
+  (C++ must see gpu:0; global tensors use it).
+
+torch's production modules on 2 emulated ranks (torch 2.14, gloo carrying the
+collectives; tests/test_emulate_device_torch.py): DDP, DTensor's `distribute_tensor`
+and `redistribute`, `parallelize_module`, `fully_shard` and `pipelining`'s GPipe all
+run on device tensors and match a one-process CPU run. None needs `host_for` today;
+it is the one way to run a module on the host should one stop working.
+
+What is not modelled: kernel numerics (every kernel is the CPU one), autocast's casts,
+streams (one in-order queue: events complete when recorded), memory limits, speeds.
+C++ knows every device tensor as gpu:0 (see `device.DeviceTensor.device`), so a
+factory asked for gpu:0 lands on the current device.
+"""
+
+from distcourse.emulate.counters import (
+    add_sync_hook,
+    count_host_sync,
+    host_syncs,
+    reset_host_syncs,
+)
+from distcourse.emulate.device import (
+    DEVICE_TYPE,
+    RULE_SAME_DEVICE,
+    DeviceRuleError,
+    enabled,
+    host_data,
+    is_device_tensor,
+    setup,
+    wrap,
+    wrapper_device,
+)
+from distcourse.emulate.devicemodule import current, rank_device
+from distcourse.emulate.host import host_for, host_runs
+
+__all__ = [
+    "DEVICE_TYPE",
+    "RULE_SAME_DEVICE",
+    "DeviceRuleError",
+    "add_sync_hook",
+    "count_host_sync",
+    "current",
+    "enabled",
+    "host_data",
+    "host_for",
+    "host_runs",
+    "host_syncs",
+    "is_device_tensor",
+    "rank_device",
+    "reset_host_syncs",
+    "setup",
+    "wrap",
+    "wrapper_device",
+]

@@ -1,0 +1,247 @@
+"""NCCL's rules on top of gloo: a Python c10d backend for emulated GPU ranks (issue 36).
+
+`register()` adds the backend BACKEND ("emunccl") for the emulated device type, so
+`init_process_group("gpu:emunccl")` or `dist.new_group(backend="gpu:emunccl")` gives a
+group whose every op -- the package's `dist.*` calls, DDP's C++ reducer, DTensor's
+functional collectives, FSDP2, `batch_isend_irecv` -- reaches `EmulatedNccl`: a
+`torch.distributed.ProcessGroup` written in Python (the pattern of torch's own
+test/distributed/test_c10d_pypg.py, which runs DDP on one) that checks NCCL's rules,
+unwraps device tensors to their host data and runs an inner gloo group made on a
+PrefixStore of the same store. The rules, each from NCCL's or torch's documentation:
+
+1. Host tensors are refused: the group knows only the device type, so c10d itself
+   raises NCCL's "No backend type associated with device type cpu" (as chapter 2's
+   `dist.send` of a host tensor did on a GPU box, DESIGN.md).
+2. Tags are ignored: torch's docs of `send`/`isend` ("tag ... not supported by the
+   NCCL backend"; pytorch/pytorch#94819): messages between a pair match in issue
+   order. Here the n-th send from a rank to a peer always meets the peer's n-th
+   receive from it; when their tags or shapes disagree the receive raises RULE_TAGS
+   (NCCL would deliver the wrong data silently) -- an error rather than wrong data.
+3. Issue order and the eager size: NCCL's point-to-point guide ("Point-to-point
+   communication": ops between two ranks must be matched, and a send blocks until
+   its receive is posted unless grouped) and NVIDIA/nccl#479 (rank 0 send, recv
+   against rank 1 send, recv hangs for large buffers; group them). Each group's ops
+   run in issue order on one emulated stream; a send larger than EAGER_BYTES (NCCL's
+   default buffer NCCL_BUFFSIZE, 4 MiB; the variable DISTCOURSE_NCCL_EAGER_BYTES
+   overrides) starts only when the peer's stream reaches the matching receive, and
+   waiting longer than the group's timeout raises RULE_ORDER naming both ranks, the
+   op and the shape. The ops of one `batch_isend_irecv` (NCCL's group) run as one:
+   all their receives are posted before any send waits.
+4. `ReduceOp.AVG` (NCCL has it since 2.10; gloo has not): a SUM, then a division.
+5. A work completes, seen from the host, at enqueue (torch's docs of
+   `Work.get_future`): every op is counted by `timing.note_device_work`, and the
+   package's clock refuses to read while work is pending (`distcourse.emulate.timing`).
+"""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import distcourse.emulate as _device
+from distcourse.emulate import timing
+from distcourse.emulate.p2p import PointToPoint, describe, done, refuse_host
+
+BACKEND = "emunccl"
+_SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
+
+
+def register() -> None:
+    """Make BACKEND known to torch.distributed for the emulated device (idempotent)."""
+    _device.setup()
+    if not hasattr(dist.Backend, BACKEND.upper()):
+        dist.Backend.register_backend(BACKEND, _create, devices=[_device.DEVICE_TYPE])
+        _device.add_sync_hook(timing.host_synced)
+
+
+def _create(store: Any, rank: int, size: int, timeout: timedelta) -> EmulatedNccl:
+    return EmulatedNccl(store, rank, size, timeout)
+
+
+class EmulatedNccl(PointToPoint, dist.ProcessGroup):
+    """One group of emulated NCCL ranks; see the module docstring for its rules."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
+        super().__init__(rank, size)
+        self._me, self._size, self._timeout = rank, size, timeout
+        self._gloo = dist.ProcessGroupGloo(
+            dist.PrefixStore("emunccl/gloo", store), rank, size, timeout
+        )
+        self._store = dist.PrefixStore("emunccl/p2p", store)
+        self._stream = ThreadPoolExecutor(1, thread_name_prefix=f"emunccl{rank}")
+        self._sent: dict[int, int] = {}
+        self._received: dict[int, int] = {}
+        self._batch: list[tuple] | None = None
+        self._eager: list = []
+
+    def _host(self, t: torch.Tensor) -> torch.Tensor:
+        """The host data of a device tensor; a host tensor gets NCCL's refusal."""
+        frame = sys._getframe(1)
+        while frame.f_back is not None and frame.f_code.co_name.startswith("<"):
+            frame = frame.f_back  # a comprehension's frame: its op is the caller
+        refuse_host(t, self._me, frame.f_code.co_name)
+        return _device.host_data(t)
+
+    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+        return BACKEND
+
+    def __repr__(self) -> str:
+        return f"EmulatedNccl(rank={self._me}, size={self._size})"
+
+    @property
+    def supports_coalescing(self) -> bool:
+        return True
+
+    def _get_backend(self, device: Any) -> EmulatedNccl:
+        """The group is its own backend (torch asks it whether it coalesces)."""
+        return self
+
+    # ------------------------------------------------------------ collectives ----
+
+    def _run(self, what: str, tensors: list[torch.Tensor], fn: Any) -> dist.Work:
+        """Count the op, run `fn` on the stream in issue order, return a done work."""
+        shapes = ", ".join(describe(t) for t in tensors[:2])
+        timing.note_device_work(f"{what} of {shapes}", self._me)
+        self._stream.submit(fn).result()
+        return done(tensors)
+
+    def _reduce_op(self, opts: Any, host: list[torch.Tensor], make: Any) -> Any:
+        """Options for gloo: AVG becomes SUM; returns (options, divide-after)."""
+        new = make()
+        for name in ("rootRank", "rootTensor", "timeout"):
+            if hasattr(opts, name):
+                setattr(new, name, getattr(opts, name))
+        new.reduceOp = _SUM if opts.reduceOp == _AVG else opts.reduceOp
+        return new, opts.reduceOp == _AVG
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        host = [self._host(t) for t in tensors]
+        o, avg = self._reduce_op(opts, host, dist.AllreduceOptions)
+
+        def run() -> None:
+            self._gloo.allreduce(host, o).wait()
+            if avg:
+                for h in host:
+                    h.div_(self._size)
+
+        return self._run("all_reduce", tensors, run)
+
+    def allreduce_coalesced(self, tensors: list, opts: Any) -> dist.Work:
+        for t in tensors:
+            self.allreduce([t], opts)
+        return done(tensors)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        host = [self._host(t) for t in tensors]
+        o, avg = self._reduce_op(opts, host, dist.ReduceOptions)
+
+        def run() -> None:
+            self._gloo.reduce(host, o).wait()
+            if avg and self._me == opts.rootRank:
+                host[0].div_(self._size)
+
+        return self._run("reduce", tensors, run)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        host = [self._host(t) for t in tensors]
+        return self._run(
+            "broadcast", tensors, lambda: self._gloo.broadcast(host, opts).wait()
+        )
+
+    def allgather(self, outputs: list, inputs: list, opts: Any) -> dist.Work:
+        h_out = [[self._host(t) for t in out] for out in outputs]
+        h_in = [self._host(t) for t in inputs]
+        flat = [t for out in outputs for t in out]
+        return self._run(
+            "all_gather",
+            inputs + flat,
+            lambda: self._gloo.allgather(h_out, h_in, opts).wait(),
+        )
+
+    def all_gather_single(self, output: Any, input: Any, opts: Any) -> dist.Work:
+        ho, hi = self._host(output), self._host(input)
+        return self._run(
+            "all_gather_into_tensor",
+            [input, output],
+            lambda: self._gloo._allgather_base(ho, hi, opts).wait(),
+        )
+
+    def allgather_into_tensor_coalesced(
+        self, outputs: list, inputs: list, opts: Any
+    ) -> dist.Work:
+        for o, i in zip(outputs, inputs, strict=True):
+            self.all_gather_single(o, i, opts)
+        return done(outputs)
+
+    def reduce_scatter_single(self, output: Any, input: Any, opts: Any) -> dist.Work:
+        ho, hi = self._host(output), self._host(input)
+        o, avg = self._reduce_op(opts, [ho], dist.ReduceScatterOptions)
+
+        def run() -> None:
+            self._gloo._reduce_scatter_base(ho, hi, o).wait()
+            if avg:
+                ho.div_(self._size)
+
+        return self._run("reduce_scatter_tensor", [input, output], run)
+
+    def reduce_scatter(self, outputs: list, inputs: list, opts: Any) -> dist.Work:
+        for out, ins in zip(outputs, inputs, strict=True):
+            whole = torch.cat([i.reshape(-1) for i in ins])
+            self.reduce_scatter_single(out.view(-1), whole, opts)
+        return done(outputs)
+
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list, inputs: list, opts: Any
+    ) -> dist.Work:
+        for o, i in zip(outputs, inputs, strict=True):
+            self.reduce_scatter_single(o, i, opts)
+        return done(outputs)
+
+    def all_to_all_single(
+        self, output: Any, input: Any, out_splits: list, in_splits: list, opts: Any
+    ) -> dist.Work:
+        ho, hi = self._host(output), self._host(input)
+        return self._run(
+            "all_to_all_single",
+            [input, output],
+            lambda: self._gloo.alltoall_base(
+                ho, hi, out_splits, in_splits, opts
+            ).wait(),
+        )
+
+    def alltoall(self, outputs: list, inputs: list, opts: Any) -> dist.Work:
+        whole_in = torch.cat([i.reshape(-1) for i in inputs])
+        whole_out = torch.cat([o.reshape(-1) for o in outputs])
+        sizes_in, sizes_out = [i.numel() for i in inputs], [o.numel() for o in outputs]
+        self.all_to_all_single(whole_out, whole_in, sizes_out, sizes_in, opts)
+        for o, piece in zip(outputs, whole_out.split(sizes_out), strict=True):
+            o.copy_(piece.view_as(o))
+        return done(outputs)
+
+    def gather(self, outputs: list, inputs: list, opts: Any) -> dist.Work:
+        h_out = [[self._host(t) for t in out] for out in outputs]
+        h_in = [self._host(t) for t in inputs]
+        flat = [t for out in outputs for t in out]
+        return self._run(
+            "gather", inputs + flat, lambda: self._gloo.gather(h_out, h_in, opts).wait()
+        )
+
+    def scatter(self, outputs: list, inputs: list, opts: Any) -> dist.Work:
+        h_out = [self._host(t) for t in outputs]
+        h_in = [[self._host(t) for t in ins] for ins in inputs]
+        flat = [t for ins in inputs for t in ins]
+        return self._run(
+            "scatter",
+            outputs + flat,
+            lambda: self._gloo.scatter(h_out, h_in, opts).wait(),
+        )
+
+    def barrier(self, opts: Any) -> dist.Work:
+        timing.note_device_work("barrier", self._me)
+        self._stream.submit(lambda: self._gloo.barrier().wait()).result()
+        return done([])

@@ -1,0 +1,198 @@
+"""Point-to-point ops of the emulated NCCL group: issue order, no tags, eager size.
+
+See `distcourse.emulate.nccl` for the rules and their sources. A unit is one op
+issued alone, or the ops of one `batch_isend_irecv` (NCCL's group, entered through
+c10d's coalescing manager: `start_coalescing` .. `end_coalescing`). Units run one
+after the other on the group's emulated stream (one thread). A unit first posts its
+receives (a key per receive in the group's store), then each send larger than the
+eager size waits for the key of its matching receive -- up to the group's timeout,
+then RULE_ORDER -- then gloo carries the data with the per-pair sequence number as
+its tag, so messages match in issue order whatever tag the program gave.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+import distcourse.emulate as _device
+from distcourse.emulate import timing
+
+RULE_TAGS = "tags rule: NCCL ignores tags; messages between a pair match in issue order"
+RULE_ORDER = (
+    "issue-order rule: a send larger than NCCL's buffers completes only when its "
+    "receive runs"
+)
+EAGER_VARIABLE = "DISTCOURSE_NCCL_EAGER_BYTES"
+EAGER_BYTES = 4 * 2**20  # NCCL_BUFFSIZE's default (NCCL's environment variables doc)
+
+
+class NcclRuleError(RuntimeError):
+    """A point-to-point op broke one of NCCL's rules (the message names which)."""
+
+
+def eager_bytes() -> int:
+    """Bytes a send may carry before its receive runs (the variable, or 4 MiB)."""
+    return int(os.environ.get(EAGER_VARIABLE, EAGER_BYTES))
+
+
+def done(result: Any) -> dist.Work:
+    """A work already complete: what the host sees of an enqueued NCCL op."""
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(result)
+    return _create_work_from_future(fut)
+
+
+def describe(t: torch.Tensor) -> str:
+    """`(4, 8) float32`: a tensor's shape and dtype, for messages."""
+    return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+
+
+def refuse_host(t: torch.Tensor, rank: int, what: str) -> None:
+    """Raise NCCL's error for a host tensor (c10d's, where NCCL knows only cuda)."""
+    if not _device.is_device_tensor(t):
+        raise RuntimeError(
+            "No backend type associated with device type cpu (emulated NCCL: rank "
+            f"{rank}, {what} of a host tensor {describe(t)}; move it to the device)"
+        )
+
+
+class P2PWork(dist._Work):
+    """A point-to-point work: done when its unit has run on the emulated stream."""
+
+    def __init__(self, unit: Future, result: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._unit = unit
+        self._result = result
+        self._fut: torch.futures.Future = torch.futures.Future()
+        unit.add_done_callback(self._finish)
+
+    def _finish(self, unit: Future) -> None:
+        error = unit.exception()
+        if error is None:
+            self._fut.set_result(self._result)
+        else:
+            self._fut.set_exception(error)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        for work in self._unit.result():  # raises the rule's error, if any
+            work.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._unit.done()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._fut
+
+
+class PointToPoint:
+    """send/recv and coalescing for EmulatedNccl (which sets _me, _gloo, _store,
+    _stream, _timeout, _sent, _received, _batch)."""
+
+    _me: int
+    _gloo: Any
+    _store: Any
+    _stream: Any
+    _timeout: timedelta
+    _sent: dict[int, int]
+    _received: dict[int, int]
+    _batch: list[tuple] | None
+    _eager: list
+
+    def start_coalescing(self, device: Any) -> None:
+        self._batch = []
+
+    def end_coalescing(self, device: Any) -> dist.Work:
+        ops, self._batch = self._batch or [], None
+        return P2PWork(self._stream.submit(self._unit, ops), [op[4] for op in ops])
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work:
+        return self._issue("send", tensors, dst, tag, self._sent)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist.Work:
+        return self._issue("recv", tensors, src, tag, self._received)
+
+    def recvAnysource(self, tensors: list, tag: int) -> dist.Work:  # noqa: N802
+        raise NcclRuleError(
+            f"rank {self._me}: NCCL has no receive from any source (recv(src=None))"
+        )
+
+    def _issue(
+        self, kind: str, tensors: list, peer: int, tag: int, counts: dict
+    ) -> dist.Work:
+        (tensor,) = tensors
+        refuse_host(tensor, self._me, kind)
+        n = counts.get(peer, 0)
+        counts[peer] = n + 1
+        op = (kind, peer, n, tag, tensor)
+        timing.note_device_work(f"{kind} of {describe(tensor)}", self._me)
+        if self._batch is not None:
+            self._batch.append(op)
+            return done(tensors)
+        return P2PWork(self._stream.submit(self._unit, [op]), tensors)
+
+    def _unit(self, ops: list[tuple]) -> list:
+        """Run one unit on the stream; return gloo's send works (to wait on)."""
+        me, seconds = self._me, self._timeout.total_seconds()
+        for kind, peer, n, tag, t in ops:
+            if kind == "recv":
+                self._store.set(f"posted/{peer}>{me}/{n}", "1")
+            else:
+                self._store.set(f"meta/{me}>{peer}/{n}", f"{tag}|{describe(t)}")
+        for kind, peer, n, _, t in ops:
+            size = t.numel() * t.element_size()
+            if kind == "send" and size > eager_bytes():
+                try:
+                    self._store.wait([f"posted/{me}>{peer}/{n}"], self._timeout)
+                except Exception as err:  # DistStoreError: the wait timed out
+                    raise NcclRuleError(
+                        f"{RULE_ORDER} (NVIDIA/nccl#479): rank {me}'s send #{n} to "
+                        f"rank {peer}, {describe(t)} = {size} bytes above the eager "
+                        f"size {eager_bytes()}, waited {seconds:.0f} s for rank "
+                        f"{peer} to run the matching receive; the pair ({me}, {peer})"
+                        " deadlocks on NCCL when each sends before it receives. Post "
+                        "the receive with the send in one batch_isend_irecv."
+                    ) from err
+        sends, recvs = [], []
+        for kind, peer, n, tag, t in ops:
+            host = _device.host_data(t)
+            if kind == "send" and host.numel() * host.element_size() <= eager_bytes():
+                # eager: the data leave in NCCL's buffer, the send completes now
+                # (gloo's would wait for the receive: the work is kept, not waited)
+                self._eager.append(self._gloo.send([host.clone()], peer, n))
+            elif kind == "send":
+                sends.append(self._gloo.send([host], peer, n))
+            else:
+                self._check_match(peer, n, tag, t)
+                recvs.append(self._gloo.recv([host], peer, n))
+        for work in recvs:
+            work.wait()
+        self._eager = [w for w in self._eager if not w.is_completed()]
+        return sends
+
+    def _check_match(self, src: int, n: int, tag: int, t: torch.Tensor) -> None:
+        """The n-th message from src is the one this n-th receive gets: say so when
+        its tag or shape differs (on NCCL: wrong data, or a hang)."""
+        key = f"meta/{src}>{self._me}/{n}"
+        try:
+            self._store.wait([key], self._timeout)
+        except Exception as err:
+            raise NcclRuleError(
+                f"rank {self._me}'s receive #{n} from rank {src} ({describe(t)}) "
+                f"found no matching send within {self._timeout.total_seconds():.0f} s"
+            ) from err
+        sent_tag, sent = self._store.get(key).decode().split("|", 1)
+        if int(sent_tag) != tag or sent != describe(t):
+            raise NcclRuleError(
+                f"{RULE_TAGS} (torch's docs of send/isend; pytorch/pytorch#94819): "
+                f"rank {self._me}'s receive #{n} from rank {src} (tag {tag}, "
+                f"{describe(t)}) is matched with rank {src}'s send #{n} (tag "
+                f"{sent_tag}, {sent}); on NCCL it would get that message's data"
+            )

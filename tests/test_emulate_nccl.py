@@ -1,0 +1,197 @@
+"""NCCL's rules on emulated GPU ranks (issue 36 items 2 and 5): real spawned gloo
+ranks, each in a group of the emulated NCCL backend. Collectives on device tensors
+equal gloo's on the host; each planted fault ends in an error that names its rule."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distcourse import emulate, runtime
+from distcourse.emulate import nccl, p2p, timing
+from distcourse.launch import spawn
+from distcourse.runtime import RankError
+
+BIG = 2**21  # float32 elements: 8 MiB, above the 4 MiB eager size
+
+
+def _group() -> dist.ProcessGroup:
+    nccl.register()
+    return dist.new_group(
+        backend=f"{emulate.DEVICE_TYPE}:{nccl.BACKEND}", timeout=timedelta(seconds=5)
+    )
+
+
+def _collectives(on_device: bool) -> dict:
+    g = _group() if on_device else None
+    d = runtime.device() if on_device else torch.device("cpu")
+    r = dist.get_rank()
+    out = {}
+    x = torch.arange(4.0, device=d) + r
+    dist.all_reduce(x, group=g)
+    out["all_reduce"] = x.cpu()
+    parts = [torch.empty(2, device=d) for _ in range(2)]
+    dist.all_gather(parts, torch.full((2,), float(r), device=d), group=g)
+    out["all_gather"] = torch.cat([p.cpu() for p in parts])
+    whole = torch.empty(4, device=d)
+    dist.all_gather_into_tensor(whole, torch.full((2,), float(r), device=d), group=g)
+    out["all_gather_into_tensor"] = whole.cpu()
+    piece = torch.empty(2, device=d)
+    dist.reduce_scatter_tensor(piece, torch.arange(4.0, device=d) * (r + 1), group=g)
+    out["reduce_scatter"] = piece.cpu()
+    b = torch.full((2,), float(r), device=d)
+    dist.broadcast(b, 1, group=g)
+    out["broadcast"] = b.cpu()
+    a = torch.empty(2, device=d)
+    dist.all_to_all_single(a, torch.tensor([10.0 * r, 10.0 * r + 1], device=d), group=g)
+    out["all_to_all"] = a.cpu()
+    dist.barrier(group=g)
+    return out
+
+
+def test_collectives_on_device_equal_gloo_on_host() -> None:
+    emulated = spawn(_collectives, 2, True, backend="emulated", timeout=10)
+    host = spawn(_collectives, 2, False, backend="gloo", timeout=10)
+    for e, h in zip(emulated, host, strict=True):
+        assert e.keys() == h.keys()
+        assert all(torch.equal(e[k], h[k]) for k in h), (e, h)
+
+
+def _average() -> list[float]:
+    g = _group()
+    y = torch.full((3,), float(dist.get_rank() + 1), device=runtime.device())
+    dist.all_reduce(y, op=dist.ReduceOp.AVG, group=g)
+    return y.cpu().tolist()
+
+
+def test_avg_works_as_on_nccl() -> None:
+    assert spawn(_average, 2, backend="emulated", timeout=10) == [[1.5] * 3] * 2
+
+
+def _host_tensor() -> None:
+    dist.all_reduce(torch.ones(2), group=_group())
+
+
+def test_host_tensor_in_a_collective_is_refused_with_nccls_message() -> None:
+    with pytest.raises(
+        RankError, match="No backend type associated with device type cpu"
+    ):
+        spawn(_host_tensor, 2, backend="emulated", timeout=10)
+
+
+def _tags_relied_on() -> None:
+    g, d = _group(), runtime.device()
+    if dist.get_rank() == 0:
+        dist.send(torch.ones(2, device=d), 1, group=g, tag=1)
+        dist.send(torch.full((2,), 2.0, device=d), 1, group=g, tag=2)
+    else:
+        second = torch.empty(2, device=d)
+        dist.recv(second, 0, group=g, tag=2)
+
+
+def test_tags_relied_on_are_refused() -> None:
+    with pytest.raises(RankError, match="tags rule") as caught:
+        spawn(_tags_relied_on, 2, backend="emulated", timeout=10)
+    assert "rank 1's receive #0 from rank 0 (tag 2" in str(caught.value)
+
+
+def _send_then_receive(n: int) -> float:
+    g, d = _group(), runtime.device()
+    peer = 1 - dist.get_rank()
+    mine, theirs = (
+        torch.full((n,), float(dist.get_rank()), device=d),
+        torch.empty(n, device=d),
+    )
+    dist.send(mine, peer, group=g)
+    dist.recv(theirs, peer, group=g)
+    return theirs[0].item()
+
+
+def test_send_before_receive_above_the_eager_size_deadlocks_aloud() -> None:
+    with pytest.raises(RankError, match="issue-order rule") as caught:
+        spawn(_send_then_receive, 2, BIG, backend="emulated", timeout=10, deadline=30)
+    assert "the pair (" in str(caught.value) and "(2097152,) float32" in str(
+        caught.value
+    )
+
+
+def test_send_before_receive_below_the_eager_size_passes() -> None:
+    assert spawn(_send_then_receive, 2, 16, backend="emulated", timeout=10) == [
+        1.0,
+        0.0,
+    ]
+
+
+def _batched(n: int) -> float:
+    g, d = _group(), runtime.device()
+    peer = 1 - dist.get_rank()
+    mine, theirs = (
+        torch.full((n,), float(dist.get_rank()), device=d),
+        torch.empty(n, device=d),
+    )
+    ops = [
+        dist.P2POp(dist.isend, mine, peer, g),
+        dist.P2POp(dist.irecv, theirs, peer, g),
+    ]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return theirs[-1].item()
+
+
+def test_batch_isend_irecv_of_the_same_exchange_passes() -> None:
+    assert spawn(_batched, 2, BIG, backend="emulated", timeout=10) == [1.0, 0.0]
+
+
+def _timed_without_synchronize() -> None:
+    g = _group()
+    x = torch.ones(4, device=runtime.device())
+    timing.synchronize()
+    start = timing.clock()
+    dist.all_reduce(x, group=g)
+    timing.clock() - start
+
+
+def test_timing_without_synchronize_is_refused() -> None:
+    with pytest.raises(RankError, match="timing rule"):
+        spawn(_timed_without_synchronize, 2, backend="emulated", timeout=10)
+
+
+def _timed_with_synchronize() -> bool:
+    g = _group()
+    x = torch.ones(4, device=runtime.device())
+    timing.synchronize()
+    start = timing.clock()
+    dist.all_reduce(x, group=g)
+    timing.synchronize()
+    return timing.clock() >= start
+
+
+def test_timing_with_synchronize_passes() -> None:
+    assert (
+        spawn(_timed_with_synchronize, 2, backend="emulated", timeout=10) == [True] * 2
+    )
+
+
+def _completion_from_a_callback() -> None:
+    g = _group()
+    x = torch.ones(4, device=runtime.device())
+    timing.synchronize()
+    stamps: list[float] = []
+    work = dist.all_reduce(x, group=g, async_op=True)
+    work.get_future().then(lambda fut: stamps.append(timing.clock()))
+    work.wait()
+    timing.synchronize()  # the callback's fault is raised here
+
+
+def test_completion_read_from_a_future_callback_is_refused() -> None:
+    with pytest.raises(RankError, match="timing rule"):
+        spawn(_completion_from_a_callback, 2, backend="emulated", timeout=10)
+
+
+def test_eager_size_reads_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert p2p.eager_bytes() == 4 * 2**20
+    monkeypatch.setenv(p2p.EAGER_VARIABLE, "1024")
+    assert p2p.eager_bytes() == 1024
