@@ -15,8 +15,8 @@
 #   gpu-suite pytest tests/gpu: every strategy on the GPUs against one process, at
 #             every world size of 1, 2, 4, 8 up to the GPU count (one GPU a rank)
 #   book      make test-gpu: every chapter that fits the GPUs here, on NCCL ranks
-# (Without a GPU, `make test-gpu` runs both on an emulated GPU box instead.)
 #   unit      (GPU_CHECK_UNIT=1 only) the CPU unit tests on this torch, 8 at a time
+# (Without a GPU, `make test-gpu` runs both on an emulated GPU box instead.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
