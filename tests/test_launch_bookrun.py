@@ -135,6 +135,24 @@ def test_on_one_gpu_chapter_1_and_the_labs_run_and_every_other_is_not_run() -> N
     assert not bookrun.succeeded(chapters)
 
 
+def test_an_emulated_box_runs_every_chapter_at_its_count_and_says_so() -> None:
+    """DISTCOURSE_DEVICE=emulated: as many emulated GPUs as each chapter needs, so
+    every chapter runs at its written count, whatever the host has (pure planning)."""
+    paths = sorted(bookrun.BOOK.glob("*.ipynb"))
+    chapters = bookrun.plan(paths, "emulated", gpus=0)
+    assert [c.name for c in chapters] == [p.stem for p in paths]
+    assert all(c.runs for c in chapters)
+    assert max(c.needs for c in chapters) > 1  # the written counts, not cut to one
+    assert chapters == bookrun.plan(paths, "cpu", gpus=0)  # as the dry run plans
+    where = bookrun.machine("emulated", gpus=0)
+    assert "emulated GPU box" in where and "no real GPU ran" in where
+    chapters[0].passed = ["parameters vs one process: <= 1e-06: PASS"]
+    text = bookrun.report(chapters, where)
+    assert text.startswith("Book run on an emulated GPU box")
+    assert f"chapters: {len(chapters)} run, 0 not run" in text
+    assert "not run" not in "".join(text.splitlines()[:-2])  # no chapter left out
+
+
 def test_a_run_in_which_nothing_ran_or_nothing_was_checked_is_no_pass(
     tmp_path,
 ) -> None:

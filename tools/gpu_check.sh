@@ -12,9 +12,11 @@
 # the book run's report under $OUT, default _build/gpu_check):
 #   check     python -m distcourse check (versions, GPUs, a 2-rank all_reduce)
 #   device    python -m distcourse.devicecheck (no CPU-only tensor meets a collective)
-#   gpu-suite pytest tests/gpu: every strategy on the GPU against one process
+#   gpu-suite pytest tests/gpu: every strategy on the GPUs against one process, at
+#             every world size of 1, 2, 4, 8 up to the GPU count (one GPU a rank)
 #   book      make test-gpu: every chapter that fits the GPUs here, on NCCL ranks
 #   unit      (GPU_CHECK_UNIT=1 only) the CPU unit tests on this torch, 8 at a time
+# (Without a GPU, `make test-gpu` runs both on an emulated GPU box instead.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

@@ -20,6 +20,10 @@ e.g. `cluster.start(min(4, cluster.default_ranks()))`), or else the largest rank
 its code cells write (`cluster.start(4)`, `spawn(fn, 2)`, `--nproc-per-node 4`).
 DISTCOURSE_DEVICE=cpu is the dry run: every chapter on gloo ranks at its written
 counts, so CI exercises everything here except the NCCL path itself.
+DISTCOURSE_DEVICE=emulated runs every chapter at its written count on emulated GPUs
+(`distcourse.emulate`: a device per rank under CUDA's and NCCL's rules, data in host
+memory): an emulated box has as many GPUs as a chapter needs, and the report says
+the machine was emulated. `make test-gpu` picks it on a machine without a GPU.
 Notebooks execute from a copy in memory, with book/ as working directory; the stored
 notebooks are never written. The executed copies and the report go to --out.
 """
@@ -39,6 +43,7 @@ import nbformat
 from distcourse import runtime, tables
 from distcourse.arguments import positive_int
 
+EMULATED = "emulated"  # runtime.EMULATED: the DISTCOURSE_DEVICE value
 BOOK = Path(__file__).resolve().parents[2] / "book"
 DEFAULT_OUT = Path("_build/bookrun")
 VERDICT = re.compile(r"(?<![\w])(PASS|FAIL)\s*$")  # checks.verdict's last word
@@ -141,11 +146,13 @@ def needed_ranks(nb: nbformat.NotebookNode, name: str = "notebook") -> int:
 
 
 def plan(paths: list[Path], device: str, gpus: int) -> list[Chapter]:
-    """Which chapters run: all on the CPU (gloo), those that fit the GPUs on cuda."""
+    """Which chapters run: all on the CPU (gloo) and on emulated GPUs (as many as a
+    chapter needs), those that fit the GPUs on cuda."""
+    every = device in ("cpu", EMULATED)
     chapters = []
     for path in paths:
         needs = needed_ranks(nbformat.read(path, as_version=4), path.stem)
-        chapters.append(Chapter(path, needs, device == "cpu" or needs <= gpus))
+        chapters.append(Chapter(path, needs, every or needs <= gpus))
     return chapters
 
 
@@ -181,9 +188,15 @@ def _first_line_of_error(message: str) -> str:
 
 
 def machine(device: str, gpus: int) -> str:
-    """What ran the chapters: the GPU model and count, or the CPU dry run."""
+    """What ran the chapters: the GPU model and count, the emulated box, or the CPU
+    dry run."""
     if device == "cpu":
         return "CPU dry run (DISTCOURSE_DEVICE=cpu: gloo ranks, written rank counts)"
+    if device == EMULATED:
+        return (
+            "an emulated GPU box (DISTCOURSE_DEVICE=emulated: one emulated GPU per "
+            "rank, NCCL's rules, written rank counts; no real GPU ran)"
+        )
     import torch
 
     return f"{gpus} x {torch.cuda.get_device_name(0)} (NCCL ranks, one per GPU)"
@@ -235,8 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     gpus = runtime.gpu_count()
     if device == "cuda" and not gpus:
         print(
-            "make test-gpu needs a GPU and none is visible here. Its dry run on CPU "
-            "ranks: DISTCOURSE_DEVICE=cpu make test-gpu",
+            "DISTCOURSE_DEVICE=cuda needs a GPU and none is visible here. The same "
+            "run on emulated GPUs: DISTCOURSE_DEVICE=emulated make test-gpu (what "
+            "make test-gpu picks without a GPU); its dry run on CPU ranks: "
+            "DISTCOURSE_DEVICE=cpu make test-gpu",
             file=sys.stderr,
         )
         return 2

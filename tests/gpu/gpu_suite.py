@@ -6,13 +6,16 @@ puts every pytest run on CPU ranks (DISTCOURSE_DEVICE=cpu, for the stored notebo
 outputs); this suite chooses its device itself, through its own variable:
 
     DISTCOURSE_GPU_SUITE_DEVICE=cuda  NCCL ranks, one GPU each (an error without CUDA)
-    DISTCOURSE_GPU_SUITE_DEVICE=cpu   gloo ranks on the CPU: the suite checked here
+    DISTCOURSE_GPU_SUITE_DEVICE=emulated  emulated GPUs (distcourse.emulate): one per
+                                      rank under NCCL's rules, on a CPU machine
+    DISTCOURSE_GPU_SUITE_DEVICE=cpu   gloo ranks on the CPU: the dry run
     unset                             cuda where torch sees a GPU, else skipped
 
-NCCL needs a GPU per rank (it refuses two ranks on one GPU), so the world sizes are
-those of WORLD_SIZES that fit the visible GPUs: 1 on a one-GPU box; on the CPU 1
-and 2. The arguments passed to `spawn` name the backend, so the ranks do not read
-DISTCOURSE_DEVICE.
+NCCL needs a GPU per rank (it refuses two ranks on one GPU), so on cuda the world
+sizes are those of WORLD_SIZES that fit the visible GPUs: 1 on a one-GPU box, all of
+them (8 included) on an 8-GPU box. An emulated box has as many GPUs as asked, so it
+runs every size; the CPU dry run 1 and 2. The arguments passed to `spawn` name the
+backend and device, so the ranks do not read DISTCOURSE_DEVICE.
 
 Tolerances are float32's: a parallel run reorders sums (a matmul split in pieces, a
 GPU kernel picked by shape), which moves results by a few ulps, about 1e-7 of values
@@ -32,16 +35,22 @@ import torch
 from distcourse.launch import spawn
 
 VARIABLE = "DISTCOURSE_GPU_SUITE_DEVICE"
-WORLD_SIZES = (1, 2, 4)  # at most 4: larger worlds add time, not new code paths
+EMULATED = "emulated"  # runtime.EMULATED: the value DISTCOURSE_DEVICE takes too
+DEVICES = ("cpu", "cuda", EMULATED)
+WORLD_SIZES = (1, 2, 4, 8)  # 8: one full 8-GPU box, NCCL's largest usual node
+# what `spawn` is told: NCCL on cuda, the emulated backend and device, gloo on the CPU
+BACKENDS = {"cuda": "nccl", EMULATED: EMULATED, "cpu": "gloo"}
 TOL = 1e-5
 
 
 def device_type() -> str | None:
-    """'cuda' or 'cpu' as the variable asks; unset: 'cuda' if torch sees a GPU,
-    else None (the suite is skipped). ValueError on any other value."""
+    """'cuda', 'emulated' or 'cpu' as the variable asks; unset: 'cuda' if torch sees
+    a GPU, else None (the suite is skipped). ValueError on any other value."""
     value = os.environ.get(VARIABLE, "").strip().lower()
-    if value not in ("", "cpu", "cuda"):
-        raise ValueError(f"{VARIABLE}={os.environ[VARIABLE]!r}: use 'cpu' or 'cuda'")
+    if value not in ("", *DEVICES):
+        raise ValueError(
+            f"{VARIABLE}={os.environ[VARIABLE]!r}: use 'cuda', {EMULATED!r} or 'cpu'"
+        )
     if value:
         return value
     return "cuda" if torch.cuda.is_available() else None
@@ -55,7 +64,8 @@ def skip_reason() -> str | None:
 
 
 def world_sizes() -> list[int]:
-    """The world sizes this box allows: one GPU per NCCL rank; 1 and 2 on the CPU.
+    """The world sizes this box allows: one GPU per NCCL rank (every size on an
+    emulated box, which has as many GPUs as asked); 1 and 2 on the CPU.
 
     RuntimeError where cuda is asked for and torch sees no GPU: a GPU check that
     skipped itself there would pass on a box whose CUDA is broken.
@@ -65,6 +75,8 @@ def world_sizes() -> list[int]:
         return []
     if kind == "cpu":
         return [1, 2]
+    if kind == EMULATED:
+        return list(WORLD_SIZES)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not gpus:
         raise RuntimeError(f"{VARIABLE}=cuda, but torch sees no CUDA device")
@@ -73,7 +85,7 @@ def world_sizes() -> list[int]:
 
 def run(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
     """`fn(*args)` on `world` ranks of the suite's device; results by rank."""
-    backend = "nccl" if device_type() == "cuda" else "gloo"
+    backend = BACKENDS[device_type() or "cpu"]
     return spawn(_on_rank, world, fn, *args, backend=backend, timeout=60)
 
 
