@@ -13,7 +13,7 @@ outputs); this suite chooses its device itself, through its own variable:
 
 NCCL needs a GPU per rank (it refuses two ranks on one GPU), so on cuda the world
 sizes are those of WORLD_SIZES that fit the visible GPUs: 1 on a one-GPU box, all of
-them (8 included) on an 8-GPU box. An emulated box has as many GPUs as asked, so it
+them (up to 4) on a larger box. An emulated box has as many GPUs as asked, so it
 runs every size; the CPU dry run 1 and 2. The arguments passed to `spawn` name the
 backend and device, so the ranks do not read DISTCOURSE_DEVICE.
 
@@ -37,7 +37,7 @@ from distcourse.launch import spawn
 VARIABLE = "DISTCOURSE_GPU_SUITE_DEVICE"
 EMULATED = "emulated"  # runtime.EMULATED: the value DISTCOURSE_DEVICE takes too
 DEVICES = ("cpu", "cuda", EMULATED)
-WORLD_SIZES = (1, 2, 4, 8)  # 8: one full 8-GPU box, NCCL's largest usual node
+WORLD_SIZES = (1, 2, 4)  # 8 (a full 8-GPU box) waits on tests cut for it (issue 36)
 # what `spawn` is told: NCCL on cuda, the emulated backend and device, gloo on the CPU
 BACKENDS = {"cuda": "nccl", EMULATED: EMULATED, "cpu": "gloo"}
 TOL = 1e-5
