@@ -46,9 +46,10 @@ def test_a_sweep_that_overlaps_nothing_does_not_beat_naive() -> None:
     naive = 1.0  # seconds; each split pays the naive work plus m fixed parts
     sweep = {m: naive + m * 0.02 for m in (2, 4, 8, 16)}
     beats = pp.faster_than_naive(naive, list(sweep.values()))
-    line = f"the fastest pipelined split beats the naive split: {beats}"
+    line = f"the fastest pipelined split beats the naive split by 1.1x or more: {beats}"
     assert line.endswith(": False")
-    assert pp.faster_than_naive(naive, [1.2, 0.9])  # and a real overlap passes
+    assert not pp.faster_than_naive(naive, [1.2, 0.95])  # 1.05x: within the noise
+    assert pp.faster_than_naive(naive, [1.2, 0.8])  # and a real overlap passes
 
 
 def _loss_times_m(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
