@@ -18,7 +18,7 @@ TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 NB_TIMEOUT ?= 180
 export IPYTHONDIR ?= $(CURDIR)/.ipython
 
-.PHONY: venv lock book test lint unit notebooks browser chromium execute check clean \
+.PHONY: venv lock book test test-load lint unit notebooks browser chromium execute check clean \
 	test-gpu test-gpu-emulated test-gpu-suite test-gpu-book test-compat checks-page
 
 venv: $(VENV)/.installed
@@ -90,7 +90,13 @@ UNIT_ARGS = $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS) --dist loadfile
 BROWSER_TESTS := tests/test_book_browser.py tests/test_book_browser_planner.py
 
 unit: venv
-	$(PY) -m pytest tests $(addprefix --ignore=,$(BROWSER_TESTS)) $(UNIT_ARGS)
+	$(PY) -m pytest tests $(addprefix --ignore=,$(BROWSER_TESTS)) $(UNIT_ARGS) -m "not load"
+
+# Chapters 2, 3 and 5's timing verdicts with two busy processes beside them, 3 runs in
+# a row (tests/test_book_timing_load.py, about 75 s on 2 cores). Not in `make test`
+# yet: chapter 5's 1.1x margin failed once in this setting (issue 37).
+test-load: venv
+	$(PY) -m pytest tests/test_book_timing_load.py -m load
 
 notebooks: venv
 	$(PY) -m pytest book --nbval --nbval-current-env \
@@ -132,7 +138,7 @@ $(COMPAT_VENV)/.installed: pyproject.toml $(LOCK)
 
 test-compat: $(COMPAT_VENV)/.installed
 	DISTCOURSE_LOCK=$(COMPAT_LOCK) $(COMPAT_PY) -m pytest tests \
-		$(addprefix --ignore=,$(BROWSER_TESTS)) $(UNIT_ARGS)
+		$(addprefix --ignore=,$(BROWSER_TESTS)) $(UNIT_ARGS) -m "not load"
 
 # `notebooks` also checks every verdict the chapters print (conftest.py): the CPU
 # side of `make test-gpu`, on the outputs nbval has just executed.
