@@ -1,8 +1,10 @@
 """distcourse.devicecheck: the static check that keeps rank tensors on their device.
 
 It must refuse the two bugs a GPU box found (chapter 2's CPU tensor sent through
-NCCL, chapters 6-8b's `gt.placement("cpu", ...)`), in a notebook rank cell and in a
-script, pass their fixed versions, and pass the real book, scripts and package.
+NCCL, chapters 6-8b's `gt.placement("cpu", ...)`) and the module a careful read found
+left on the host (chapters 10 and 12b: `DistributedDataParallel(TinyGPT(CFG))`,
+`ContextGPT(TinyGPT(cfg), group)`), in a notebook rank cell and in a script, pass
+their fixed versions, and pass the real book, scripts and package.
 """
 
 from __future__ import annotations
@@ -96,6 +98,10 @@ def test_the_fixed_versions_pass(tmp_path: Path) -> None:
         'mesh = Mesh((2, 2), ("dp", "tp"), device_type="cpu")',
         'from distcourse.global_tensor import placement as where\nwhere("cpu", [0])',
         "p = gt.placement(ranks=[0, 1])",  # the default type is the CPU
+        "model = TinyGPT(cfg)\nddp = DistributedDataParallel(model)",  # host module
+        "model = cg.ContextGPT(TinyGPT(cfg), group)",  # built inside the call
+        "block = Block(c)\nhalf = parallelize_block(block, sequence_parallel=True)",
+        "m = Net()\nm = m.float()\nfully_shard(m)",  # not a move
     ],
 )
 def test_each_form_is_refused(tmp_path: Path, code: str) -> None:
@@ -112,6 +118,12 @@ def test_each_form_is_refused(tmp_path: Path, code: str) -> None:
         "dist.all_reduce(torch.zeros(2))  # devicecheck: host",
         'mesh = Mesh((2, 2), ("dp", "tp"))',  # Mesh takes the rank's device itself
         "p = gt.placement(mesh=mesh)",  # the mesh's device type
+        "model = TinyGPT(cfg).to(device)\nDDP(model)",  # moved when built
+        "model = TinyGPT(cfg)\nmodel.to(device)\nDDP(model)",  # moved in place
+        "DDP(nn.Linear(4, 4, device=device))",  # built there
+        "DDP(ToyMpModel(dev0, dev1))",  # a model that places itself
+        "DDP(nn.Sequential(first, second))",  # a container: its children's device
+        "x = Net()\ny = x(inputs)",  # run, not wrapped: not this rule's to judge
     ],
 )
 def test_what_is_not_refused(tmp_path: Path, code: str) -> None:
@@ -125,6 +137,16 @@ def test_kernel_cells_are_not_rank_code_but_spawned_functions_are(
     spawned = f"def work():\n    {SEND}\n\nspawn(work, 2)"
     path = notebook(tmp_path, reference, spawned)
     assert [r.split(": ")[0] for r in found(path)] == ["nb.ipynb:cell 2:2"]
+
+
+def test_a_host_module_is_named_with_what_built_it(tmp_path: Path) -> None:
+    code = "%%ranks\nmodel = TinyGPT(CFG)\nddp = DistributedDataParallel(model)"
+    (refusal,) = found(notebook(tmp_path, code))
+    assert refusal.startswith(
+        "nb.ipynb:cell 1:3: DistributedDataParallel() gets model, a module built on "
+        "the host by TinyGPT(CFG)"
+    )
+    assert "move it first with .to(device)" in refusal
 
 
 def test_names_carry_across_rank_cells(tmp_path: Path) -> None:

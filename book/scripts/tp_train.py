@@ -26,9 +26,12 @@ args = parser.parse_args()
 
 info = runtime.init_from_env()
 cfg = GPTConfig()
-batches = token_batches(args.steps, args.batch_size, cfg)  # the same on every rank
+batches = [  # the same on every rank, on its device
+    (x.to(info.device), y.to(info.device))
+    for x, y in token_batches(args.steps, args.batch_size, cfg)
+]
 runtime.seed_everything(0, per_rank=False)  # the same model on every rank
-model = TinyGPT(cfg)
+model = TinyGPT(cfg).to(info.device)
 twin = parallelize_gpt(model, sequence_parallel=args.sequence_parallel)
 losses = train_lm(twin, batches, vocab_parallel_cross_entropy)
 held = sum(p.numel() for p in twin.parameters())

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 import torch.distributed as dist
 
+from distcourse import runtime
 from distcourse.bench import common
 from distcourse.launch import spawn
 from distcourse.parallel.experts import MoE, shard_experts
@@ -59,9 +60,10 @@ def _measure(cfg: Config) -> list[list[float]]:
     """On every rank: step times in seconds, [implementation][step], slowest rank's."""
     torch.set_num_threads(1)
     n, rank = dist.get_world_size(), dist.get_rank()
-    torch.manual_seed(0)  # the same layer and tokens on every rank
+    torch.manual_seed(0)  # the same layer and tokens on every rank, on its device
     moe = MoE(cfg.hidden, cfg.experts, cfg.top_k, cfg.capacity_factor)
-    x = torch.randn(n * cfg.tokens, cfg.hidden)
+    moe.to(runtime.device())
+    x = torch.randn(n * cfg.tokens, cfg.hidden).to(runtime.device())
     alone = copy.deepcopy(moe)
     alone.groups = n
     shard_experts(moe, None)

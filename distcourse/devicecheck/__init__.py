@@ -13,7 +13,14 @@ notebook rank cells (`%%px` / `%%ranks`, and the functions a notebook hands to
   type associated with device type cpu");
 - a literal "cpu" as the device type of `placement`, `init_device_mesh`, `DeviceMesh`
   or `Mesh(..., device_type=...)`, and a `placement(...)` with no device type (its
-  default is the CPU): write the rank's device type (`device.type`).
+  default is the CPU): write the rank's device type (`device.type`);
+- a module built on the host, a class called with no device among its arguments
+  (`TinyGPT(cfg)`, not moved by `.to(...)` since), handed to a call that runs it on
+  the rank's tensors (`DistributedDataParallel`, `DDP`, `fully_shard`,
+  `parallelize_block`, `MixedPrecision`, `ContextGPT`, ...): on a GPU rank its
+  first op raises "Expected all tensors to be on the same device" (or NCCL refuses
+  its parameters). Containers (`nn.Sequential`) are left alone: their device is
+  their children's.
 
 A deliberate host tensor says so with a trailing `# devicecheck: host` comment on the
 line that makes or sends it (rare, and explained beside it). Each refusal is printed

@@ -36,6 +36,17 @@ SAME_DEVICE = frozenset(
 )
 DEVICE_TYPE_CALLS = frozenset({"placement", "init_device_mesh", "DeviceMesh", "Mesh"})
 DEVICE_TYPE_KEYWORDS = ("type", "device_type")
+# Calls that run their first argument, a module, on the rank's tensors.
+WRAPPERS = frozenset(
+    (
+        "DistributedDataParallel DDP ShardedDDP FullyShardedDataParallel fully_shard "
+        "parallelize_module parallelize_block parallelize_gpt shard_experts "
+        "MixedPrecision ContextGPT"
+    ).split()
+)
+MOVES = frozenset({"to", "cuda", "to_empty"})  # methods that move a module in place
+CONTAINERS = frozenset({"Sequential", "ModuleList", "ModuleDict"})  # children's device
+STAYS = frozenset({"float", "double", "half", "bfloat16", "train", "eval"})  # in place
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,13 @@ class Refusal:
     def __str__(self) -> str:
         cell = "" if self.cell is None else f":cell {self.cell}"
         return f"{self.path}{cell}:{self.line}: {self.message}"
+
+
+@dataclass(frozen=True)
+class HostModule:
+    """What a name holds: a module built on the host by `made` (`Block(...)`)."""
+
+    made: ast.Call
 
 
 @dataclass
@@ -143,7 +161,8 @@ class Checker:
     def _host(self, node: ast.expr, bound: dict[str, ast.AST]) -> ast.AST | None:
         """The factory call that makes `node` a device-less tensor, or None."""
         if isinstance(node, ast.Name):
-            return bound.get(node.id)
+            made = bound.get(node.id)
+            return made if not isinstance(made, HostModule) else None
         if isinstance(node, ast.Call):
             name = _name(node.func)
             keywords = {k.arg for k in node.keywords}
@@ -176,8 +195,34 @@ class Checker:
             return self._host(node.body, bound) or self._host(node.orelse, bound)
         return None
 
-    def _bind(self, stmt: ast.stmt, bound: dict[str, ast.AST]) -> None:
-        """Follow `name = value` (and tuples of them) in source order."""
+    @staticmethod
+    def _module(node: ast.expr, bound: dict) -> ast.Call | None:
+        """The class call that built `node` on the host, or None: a capitalised name
+        called with no device among its arguments (no `device=`, no name starting
+        with `dev`), not a container (whose device is its children's), not moved
+        since (`.float()`, `.train()` and the like leave it where it was)."""
+        if isinstance(node, ast.Name):
+            made = bound.get(node.id)
+            return made.made if isinstance(made, HostModule) else None
+        if not isinstance(node, ast.Call):
+            return None
+        name = _name(node.func)
+        if name in STAYS and isinstance(node.func, ast.Attribute):
+            return Checker._module(node.func.value, bound)
+        if not name or not name[:1].isupper() or name in CONTAINERS:
+            return None
+        values = [*node.args, *(k.value for k in node.keywords)]
+        named = [k.arg or "" for k in node.keywords] + [_name(a) or "" for a in values]
+        return None if any(n.startswith("dev") for n in named) else node
+
+    def _bind(self, stmt: ast.stmt, bound: dict) -> None:
+        """Follow `name = value` (and tuples of them) in source order; a module
+        moved in place (`model.to(device)`) is no longer on the host."""
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+            f = stmt.value.func
+            if isinstance(f, ast.Attribute) and f.attr in MOVES:
+                if isinstance(f.value, ast.Name):
+                    bound.pop(f.value.id, None)
         if isinstance(stmt, ast.Assign | ast.AnnAssign) and stmt.value is not None:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             for target in targets:
@@ -186,8 +231,11 @@ class Checker:
                     pairs = list(zip(target.elts, stmt.value.elts, strict=False))
                 for name, value in pairs:
                     if isinstance(name, ast.Name):
+                        module = self._module(value, bound)
                         made = self._host(value, bound)
-                        if made is None:
+                        if module is not None:
+                            bound[name.id] = HostModule(module)
+                        elif made is None:
                             bound.pop(name.id, None)
                         else:
                             bound[name.id] = made
@@ -210,6 +258,16 @@ class Checker:
                     "make it with device=device or move it with .to(device)"
                 )
                 self._refuse(unit, call, message, made)
+        wrapper = _name(call.func)
+        module = self._module(call.args[0], bound) if call.args else None
+        if wrapper in WRAPPERS and module is not None:
+            message = (
+                f"{wrapper}() gets {_short(call.args[0])}, a module built on the host "
+                f"by {_short(module)}: on a GPU rank it meets the rank's tensors "
+                "('Expected all tensors to be on the same device'); "
+                "move it first with .to(device)"
+            )
+            self._refuse(unit, call, message, module)
         called = self.aliases.get(_name(call.func) or "")
         if called is None:
             return
