@@ -87,3 +87,18 @@ def _too_long(path: Path) -> list[str]:
 def test_no_cell_is_longer_than_a_reader_takes_in_at_once(path: Path) -> None:
     long = _too_long(path)
     assert not long, f"{path.name} has long cells:\n" + "\n".join(long)
+
+
+WIDTH = 88  # README: code lines fit a book page, as ruff's line length in pyproject
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_code_lines_fit_the_page(path: Path) -> None:
+    wide = [
+        f"cell {i}: {len(line)} characters: {line.strip()[:60]}"
+        for i, cell in enumerate(_cells(path))
+        if cell["cell_type"] == "code"
+        for line in _source(cell).splitlines()
+        if len(line) > WIDTH
+    ]
+    assert not wide, f"{path.name} has code lines over {WIDTH}:\n" + "\n".join(wide)
