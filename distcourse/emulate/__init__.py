@@ -43,11 +43,10 @@ from distcourse.emulate.device import (
     enabled,
     host_data,
     is_device_tensor,
-    setup,
     wrap,
     wrapper_device,
 )
-from distcourse.emulate.devicemodule import current, rank_device
+from distcourse.emulate.devicemodule import current, rank_device, setup
 from distcourse.emulate.host import host_for, host_runs
 
 __all__ = [

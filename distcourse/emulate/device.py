@@ -37,8 +37,8 @@ import torch
 from torch.utils._pytree import tree_map
 
 from distcourse.emulate import counters
+from distcourse.emulate.ordinal import DEVICE_TYPE, current, current_device
 
-DEVICE_TYPE = "gpu"
 RULE_SAME_DEVICE = "same-device rule (emulated GPU)"
 
 _aten = torch.ops.aten
@@ -272,8 +272,6 @@ def _place() -> str:
 
 def _with_index(device: torch.device) -> torch.device:
     if device.index is None:
-        from distcourse.emulate.devicemodule import current_device
-
         return torch.device(DEVICE_TYPE, current_device())
     return device
 
@@ -325,8 +323,6 @@ def _factory_device(device: Any) -> torch.device:
     current device. The price: an explicit "gpu:0" on another rank is not caught."""
     device = torch.device(device or DEVICE_TYPE)
     if device.index in (None, 0):
-        from distcourse.emulate.devicemodule import current
-
         return current()
     return device
 
@@ -394,8 +390,9 @@ def enabled() -> bool:
     return bool(_state["setup"])
 
 
-def setup() -> None:
-    """Register the emulated device in this process (safe to call again).
+def register(backend_module: Any) -> None:
+    """Register the emulated device in this process (safe to call again), with
+    `backend_module` as what `torch.gpu` answers (devicemodule.setup passes it).
 
     torch allows the PrivateUse1 backend to be renamed once per process, so a second
     call returns at once; a process whose key already has another name is refused.
@@ -404,13 +401,11 @@ def setup() -> None:
         return
     from torch.utils import backend_registration as reg
 
-    from distcourse.emulate import devicemodule
-
     name = torch._C._get_privateuse1_backend_name()
     if name not in ("privateuseone", DEVICE_TYPE):
         raise RuntimeError(f"PrivateUse1 is already taken by {name!r} in this process")
     reg._setup_privateuseone_for_python_backend(
-        rename=DEVICE_TYPE, backend_module=devicemodule.DeviceModule()
+        rename=DEVICE_TYPE, backend_module=backend_module
     )
     lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 (kept alive below)
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")

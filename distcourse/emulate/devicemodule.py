@@ -18,7 +18,6 @@ GPU box the device's numbers differ from the host's; no verdict may depend on th
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -28,55 +27,26 @@ import torch
 from distcourse.emulate import counters
 from distcourse.emulate import device as _device
 
-COUNT_VARIABLE = "DISTCOURSE_EMULATED_GPUS"  # devices per host; else the local world
-_current = {"index": 0, "count": 0}
+# torch.gpu answers these by name (DeviceModule.__getattr__ looks in globals())
+from distcourse.emulate.ordinal import (  # noqa: F401
+    current,
+    current_device,
+    device_count,
+    set_device,
+    set_device_count,
+)
 
 
-def device_count() -> int:
-    """Emulated GPUs on this host: set_device_count(), else DISTCOURSE_EMULATED_GPUS,
-    else torchrun's LOCAL_WORLD_SIZE, else 1 (one GPU per local rank, as NCCL needs)."""
-    if _current["count"]:
-        return _current["count"]
-    for name in (COUNT_VARIABLE, "LOCAL_WORLD_SIZE"):
-        if os.environ.get(name, "").strip().isdigit():
-            return max(1, int(os.environ[name]))
-    return 1
-
-
-def set_device_count(count: int) -> None:
-    """Say how many emulated GPUs this host has (the runtime passes the local world)."""
-    if count < 1:
-        raise ValueError(f"an emulated host needs at least one GPU, not {count}")
-    _current["count"] = count
-
-
-def current_device() -> int:
-    """Index of this process's current emulated GPU."""
-    return _current["index"]
-
-
-def set_device(device: torch.device | str | int) -> None:
-    """Make `device` current, as `torch.cuda.set_device`; refuse an index past the
-    host's count, as CUDA does ("invalid device ordinal")."""
-    index = device if isinstance(device, int) else torch.device(device).index
-    index = 0 if index is None else index
-    if not 0 <= index < device_count():
-        raise RuntimeError(
-            f"{_device.DEVICE_TYPE}:{index}: invalid device ordinal "
-            f"({device_count()} emulated GPUs on this host)"
-        )
-    _current["index"] = index
-
-
-def current() -> torch.device:
-    """This process's current emulated device, e.g. `gpu:1`."""
-    return torch.device(_device.DEVICE_TYPE, current_device())
+def setup() -> None:
+    """Register the emulated device in this process, with `torch.gpu` as its device
+    module (idempotent)."""
+    _device.register(DeviceModule())
 
 
 def rank_device(local_rank: int, local_world_size: int) -> torch.device:
     """Set up the emulation for a rank: `local_world_size` GPUs on this host, the
     rank's own current; return its device `gpu:<local_rank>`."""
-    _device.setup()
+    setup()
     set_device_count(local_world_size)
     set_device(local_rank)
     return current()
