@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from distcourse import emulate
+from distcourse.emulate import p2p
 from distcourse.rendezvous import (
     LOOPBACK,
     as_timedelta,
@@ -275,6 +276,7 @@ def shutdown() -> None:
     """Destroy this process's process group, if any (safe to call twice)."""
     global _info
     if dist.is_initialized():
+        p2p.drain()  # an emulated rank's eager sends land before its groups close
         dist.destroy_process_group()
     _info = None
 

@@ -78,6 +78,7 @@ class EmulatedNccl(PointToPoint, dist.ProcessGroup):
         self._received: dict[int, int] = {}
         self._batch: list[tuple] | None = None
         self._eager: list = []
+        self.track()
 
     def _host(self, t: torch.Tensor) -> torch.Tensor:
         """The host data of a device tensor; a host tensor gets NCCL's refusal."""

@@ -13,6 +13,7 @@ its tag, so messages match in issue order whatever tag the program gave.
 from __future__ import annotations
 
 import os
+import weakref
 from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
@@ -31,6 +32,21 @@ RULE_ORDER = (
 )
 EAGER_VARIABLE = "DISTCOURSE_NCCL_EAGER_BYTES"
 EAGER_BYTES = 4 * 2**20  # NCCL_BUFFSIZE's default (NCCL's environment variables doc)
+
+
+_GROUPS: weakref.WeakSet = weakref.WeakSet()  # every live group, for drain()
+
+
+def drain(seconds: float = 10.0) -> None:
+    """Wait until every eager send of this process has reached its receiver.
+
+    An eager send completes at once, as on NCCL, whose data wait in the peer's
+    buffer; gloo's copy is still in flight, and a rank that destroys its groups now
+    resets the connection under the peer's receive. `runtime.shutdown` calls this
+    first. A send no one receives is left after `seconds` (NCCL would drop it).
+    """
+    for group in list(_GROUPS):
+        group.drain_eager(seconds)
 
 
 class NcclRuleError(RuntimeError):
@@ -105,6 +121,19 @@ class PointToPoint:
     _received: dict[int, int]
     _batch: list[tuple] | None
     _eager: list
+
+    def track(self) -> None:
+        """Let `drain` find this group's eager sends."""
+        _GROUPS.add(self)
+
+    def drain_eager(self, seconds: float) -> None:
+        """Wait up to `seconds` for each eager send still in flight (see drain)."""
+        for work in self._eager:
+            try:
+                work.wait(timedelta(seconds=seconds))
+            except RuntimeError:  # the peer is gone or never received: nothing to do
+                pass
+        self._eager = []
 
     def start_coalescing(self, device: Any) -> None:
         self._batch = []
