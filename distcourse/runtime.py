@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from distcourse import emulate
-from distcourse.emulate import p2p
+from distcourse.emulate import nccl, p2p
 from distcourse.rendezvous import (
     LOOPBACK,
     as_timedelta,
@@ -63,12 +63,9 @@ def gpu_count() -> int:
 
 DEVICE_VARIABLE = "DISTCOURSE_DEVICE"  # cpu | cuda | emulated: every rank's choice
 EMULATED = "emulated"  # DISTCOURSE_DEVICE value: an emulated GPU per rank
-# TODO(lead): emu-nccl's emulated NCCL backend goes here once it is merged (their
-# distcourse/emulate/nccl.py: BACKEND = "emunccl", registered by nccl.register());
-# until then gloo serves both device types: it reaches device tensors' data through
-# their dispatch (torch's DDP, DTensor, fully_shard and pipelining ran on 2 ranks:
-# tests/test_emulate_device_torch.py), without NCCL's rules.
-EMULATED_BACKEND = "cpu:gloo,gpu:gloo"
+# An emulated rank's default group is emulated NCCL alone, as a GPU box's is "nccl":
+# a host tensor in a collective gets NCCL's refusal (`distcourse.emulate.nccl`).
+EMULATED_BACKEND = f"{emulate.DEVICE_TYPE}:{nccl.BACKEND}"
 
 
 def device_preference() -> str | None:
@@ -200,7 +197,9 @@ def _join(
     """Bind this rank to its device and create the default group (init's last step)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    elif threads:  # CPU and emulated ranks share the host's cores
+    if device.type == emulate.DEVICE_TYPE:
+        nccl.register()
+    if threads and device.type != "cuda":  # CPU and emulated ranks share the host's cores
         torch.set_num_threads(threads)
     previous = dist.get_debug_level()
     if debug:  # the level is read when the group is created; restored after

@@ -205,9 +205,17 @@ def test_copies_pickles_and_checkpoints_keep_device_and_values() -> None:
     assert all(v.device == GPU for v in torch.load(buffer, GPU).values())
 
 
-def test_reshaping_a_device_tensor_in_place_is_refused_aloud() -> None:
-    with pytest.raises(NotImplementedError, match="changed a device tensor's sizes"):
-        torch.zeros(2, device=GPU).resize_(4)
+def test_reshaping_a_device_tensor_in_place_shows_through() -> None:
+    """resize_ (all_gather_object pads its bytes so) and set_ (a view of another
+    tensor's storage, as the FSDP chapter's parameters are) change the wrapper too."""
+    grown = torch.zeros(2, device=GPU)
+    assert grown.resize_(4).shape == (4,) and grown.device == GPU
+    buffer = torch.arange(12.0, device=GPU)
+    view = torch.empty(0, device=GPU)
+    view.set_(buffer.untyped_storage(), 2, (2, 3), (3, 1))
+    assert view.shape == (2, 3) and view.stride() == (3, 1)
+    buffer.add_(1.0)  # the view shares the buffer's memory
+    assert view.cpu().tolist() == [[3.0, 4.0, 5.0], [6.0, 7.0, 8.0]]
 
 
 def test_a_wrapper_over_a_device_tensor_gets_cpps_gpu0() -> None:

@@ -95,9 +95,11 @@ def _call_id(name: str) -> int:
 
 def _describe(name: str, key: int, t: Tensor, ok: bool) -> Tensor:
     """A fixed-size int64 row: [ok, call, key, numel, *TensorSpec row]; a tensor of
-    more than MAX_DIMS dims is compared by its numel and ndim."""
+    more than MAX_DIMS dims is compared by its numel and ndim. It lives on the rank's
+    device, where the group communicates, whatever `t`'s device (a host batch on a GPU
+    rank then fails in its own op, with CUDA's message, not in this check)."""
     row = [int(ok), _call_id(name), key, t.numel(), *TensorSpec.of(t).encode()]
-    return torch.tensor(row, dtype=torch.int64, device=t.device)
+    return torch.tensor(row, dtype=torch.int64, device=runtime.device())
 
 
 def _show(row: list[int], key_name: str) -> str:

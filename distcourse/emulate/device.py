@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,13 @@ from distcourse.emulate.ordinal import DEVICE_TYPE, current, current_device
 RULE_SAME_DEVICE = "same-device rule (emulated GPU)"
 
 _aten = torch.ops.aten
+# c10d's ops (torch.ops.c10d.*, _c10d_functional.*) reach the wrapper first, which
+# hands their group the host data; those, while the op runs, still count as device
+# tensors (`is_device_tensor`), so NCCL's host-tensor rule sees what the caller gave
+# (a host tensor among an op's inputs is refused by the same-device rule first)
+_COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
+_in_collective = threading.local()
+
 _CROSSING = {  # ops that move data between devices on purpose
     _aten.copy_.default,
     _aten._to_copy.default,
@@ -55,14 +63,12 @@ _HOST_INDEXED = {  # advanced indexing takes index tensors from the host
     _aten._index_put_impl_.default,
 }
 _SCALAR_OUT = {_aten._local_scalar_dense.default}
-_RESHAPING_IN_PLACE = {  # would leave the wrapper's sizes stale: refused aloud
-    _aten.resize_.default,
-    _aten.resize_as_.default,
-    _aten.as_strided_.default,
-    _aten.set_.source_Storage,
-    _aten.set_.source_Storage_storage_offset,
-    _aten.set_.source_Tensor,
-    _aten.set_.default,
+_SHAPE_QUERIES = {  # a wrapper's geometry is its host data's, whatever ran in place
+    _aten.sym_size.default: torch.Tensor.size,
+    _aten.sym_stride.default: torch.Tensor.stride,
+    _aten.sym_numel.default: torch.Tensor.numel,
+    _aten.sym_storage_offset.default: torch.Tensor.storage_offset,
+    _aten.dim.default: torch.Tensor.dim,
 }
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -94,6 +100,9 @@ class DeviceTensor(torch.Tensor):
             layout=host.layout,
             device=torch.device(DEVICE_TYPE, 0),  # see `device` below
             requires_grad=False,
+            # sizes and strides are asked of the host data (_SHAPE_QUERIES), so an
+            # in-place resize_ or set_ (all_gather_object's, FSDP's) shows through
+            dispatch_sizes_strides_policy="sizes",
         )
         out._host = host
         out._device = device
@@ -145,7 +154,8 @@ class DeviceTensor(torch.Tensor):
         if self.grad is not None:
             new.grad = copy.deepcopy(self.grad, memo)
         for key, value in self.__dict__.items():
-            setattr(new, key, copy.deepcopy(value, memo))
+            if not key.startswith(("_host", "_device", "_sym_")):  # _sym_: torch's
+                setattr(new, key, copy.deepcopy(value, memo))  # cache of the sizes
         memo[id(self)] = new
         return new
 
@@ -170,6 +180,8 @@ class DeviceTensor(torch.Tensor):
     def __torch_dispatch__(
         cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
     ) -> Any:
+        if func in _SHAPE_QUERIES:
+            return _SHAPE_QUERIES[func](args[0]._host)
         return _dispatch(func, args, kwargs or {})
 
 
@@ -203,7 +215,14 @@ def _dispatch(func: Any, args: Any, kwargs: dict) -> Any:
         _check_same_device(func, devices, hosts)
     elif func is _aten.copy_.default and not isinstance(args[0], DeviceTensor):
         leaving = synced = True  # copy_(host_dst, device_src)
-    out = func(*h_args, **h_kwargs)
+    if func.namespace in _COLLECTIVE_NAMESPACES:
+        _in_collective.active = True
+        try:
+            out = func(*h_args, **h_kwargs)
+        finally:
+            _in_collective.active = False
+    else:
+        out = func(*h_args, **h_kwargs)
     if synced or func in _SCALAR_OUT:
         counters.count_host_sync(str(func))
     if leaving:
@@ -215,18 +234,7 @@ def _dispatch(func: Any, args: Any, kwargs: dict) -> Any:
         if not isinstance(x, torch.Tensor):
             return x
         if id(x) in inners:  # an in-place op or out=: give back the caller's object
-            mine = inners[id(x)]
-            if mine.shape == x.shape and mine.stride() == x.stride():
-                return mine
-            if func in _RESHAPING_IN_PLACE:
-                raise NotImplementedError(
-                    f"emulated GPU: {func} changed a device tensor's sizes in place "
-                    f"({tuple(mine.shape)} -> {tuple(x.shape)}), which the emulation "
-                    "cannot show; make a new tensor instead"
-                )
-            # out= resized its output (e.g. arange's empty({0}) result): the
-            # wrapper's sizes cannot change, so the caller gets a new wrapper
-            return DeviceTensor(x, mine._device)
+            return inners[id(x)]  # (its sizes are its host data's, resized or not)
         if id(x) in keep:
             return x
         return wrap(x, dev)
@@ -287,14 +295,24 @@ def wrapper_device(device: torch.device) -> torch.device:
 
 
 def is_device_tensor(t: Any) -> bool:
-    """True for a tensor on the emulated device (the wrapper)."""
-    return isinstance(t, DeviceTensor)
+    """True for a tensor on the emulated device (the wrapper), or the host data of
+    one that a c10d op running now was given."""
+    return isinstance(t, DeviceTensor) or _passed_to_collective(t)
+
+
+def _passed_to_collective(t: Any) -> bool:
+    """Inside a c10d op the wrapper dispatched (its inputs all device tensors, as
+    `_check_same_device` saw), a host tensor is device data: an input's, or an output
+    the op made on the host."""
+    return isinstance(t, torch.Tensor) and getattr(_in_collective, "active", False)
 
 
 def host_data(t: torch.Tensor) -> torch.Tensor:
     """The CPU tensor behind a device tensor, sharing its memory: writing into it in
     place is seen through `t` and every view of `t`. No sync is counted (this is the
     emulation's own door, for the emulated collectives)."""
+    if _passed_to_collective(t):
+        return t
     if not isinstance(t, DeviceTensor):
         raise TypeError(f"host_data expects an emulated device tensor, got {t.device}")
     return t._host

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from distcourse.emulate import counters
+from distcourse.emulate import attention, counters
 from distcourse.emulate import device as _device
 
 # torch.gpu answers these by name (DeviceModule.__getattr__ looks in globals())
@@ -41,6 +41,7 @@ def setup() -> None:
     """Register the emulated device in this process, with `torch.gpu` as its device
     module (idempotent)."""
     _device.register(DeviceModule())
+    attention.register()
 
 
 def rank_device(local_rank: int, local_world_size: int) -> torch.device:

@@ -78,6 +78,7 @@ class EmulatedNccl(PointToPoint, dist.ProcessGroup):
         self._received: dict[int, int] = {}
         self._batch: list[tuple] | None = None
         self._eager: list = []
+        self._name = ""
         self.track()
 
     def _host(self, t: torch.Tensor) -> torch.Tensor:
@@ -87,6 +88,19 @@ class EmulatedNccl(PointToPoint, dist.ProcessGroup):
             frame = frame.f_back  # a comprehension's frame: its op is the caller
         refuse_host(t, self._me, frame.f_code.co_name)
         return _device.host_data(t)
+
+    def _set_group_name(self, name: str) -> None:
+        self._name = name  # c10d names a group; a Python group keeps the name itself
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The device type only: torch's object collectives (all_gather_object,
+        broadcast_object_list) then move their bytes to the device, as on NCCL."""
+        return [torch.device(_device.DEVICE_TYPE)]
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return BACKEND

@@ -13,6 +13,7 @@ its tag, so messages match in issue order whatever tag the program gave.
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from concurrent.futures import Future
 from datetime import timedelta
@@ -178,9 +179,7 @@ class PointToPoint:
         for kind, peer, n, _, t in ops:
             size = t.numel() * t.element_size()
             if kind == "send" and size > eager_bytes():
-                try:
-                    self._store.wait([f"posted/{me}>{peer}/{n}"], self._timeout)
-                except Exception as err:  # DistStoreError: the wait timed out
+                if not self._await(f"posted/{me}>{peer}/{n}"):
                     raise NcclRuleError(
                         f"{RULE_ORDER} (NVIDIA/nccl#479): rank {me}'s send #{n} to "
                         f"rank {peer}, {describe(t)} = {size} bytes above the eager "
@@ -188,7 +187,7 @@ class PointToPoint:
                         f"{peer} to run the matching receive; the pair ({me}, {peer})"
                         " deadlocks on NCCL when each sends before it receives. Post "
                         "the receive with the send in one batch_isend_irecv."
-                    ) from err
+                    )
         sends, recvs = [], []
         for kind, peer, n, tag, t in ops:
             host = _device.host_data(t)
@@ -206,17 +205,31 @@ class PointToPoint:
         self._eager = [w for w in self._eager if not w.is_completed()]
         return sends
 
+    def _await(self, key: str) -> bool:
+        """True once `key` is in the store, False after the group's timeout.
+
+        Polled, not `store.wait`ed: the groups of a process share one store client,
+        and a wait holds it, so another group's stream could not `set` the key its
+        peer waits for (two groups each waiting on the other: a pipeline's links).
+        """
+        end = time.monotonic() + self._timeout.total_seconds()
+        pause = 1e-4
+        while not self._store.check([key]):
+            if time.monotonic() > end:
+                return False
+            time.sleep(pause)
+            pause = min(2 * pause, 5e-3)
+        return True
+
     def _check_match(self, src: int, n: int, tag: int, t: torch.Tensor) -> None:
         """The n-th message from src is the one this n-th receive gets: say so when
         its tag or shape differs (on NCCL: wrong data, or a hang)."""
         key = f"meta/{src}>{self._me}/{n}"
-        try:
-            self._store.wait([key], self._timeout)
-        except Exception as err:
+        if not self._await(key):
             raise NcclRuleError(
                 f"rank {self._me}'s receive #{n} from rank {src} ({describe(t)}) "
                 f"found no matching send within {self._timeout.total_seconds():.0f} s"
-            ) from err
+            )
         sent_tag, sent = self._store.get(key).decode().split("|", 1)
         if int(sent_tag) != tag or sent != describe(t):
             raise NcclRuleError(
