@@ -199,7 +199,7 @@ def _join(
         torch.cuda.set_device(device)
     if device.type == emulate.DEVICE_TYPE:
         nccl.register()
-    if threads and device.type != "cuda":  # CPU and emulated ranks share the host's cores
+    if threads and device.type != "cuda":  # CPU and emulated ranks share the cores
         torch.set_num_threads(threads)
     previous = dist.get_debug_level()
     if debug:  # the level is read when the group is created; restored after
