@@ -25,7 +25,7 @@ MAKERS = {
 
 def _model(device: torch.device) -> nn.Sequential:
     torch.manual_seed(0)
-    layers = [nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(8)]
+    layers = [nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(16)]
     return nn.Sequential(*layers).to(device)
 
 

@@ -22,7 +22,7 @@ from distcourse.parallel.tensor import (
     parallelize_block,
 )
 
-B, T, H = 2, 8, 16  # T divides into 1, 2 or 4 sequence-parallel pieces
+B, T, H = 2, 8, 16  # T and n_head (8) divide into 1, 2, 4 or 8 pieces
 
 
 def _against_one_process() -> dict[str, float]:
@@ -71,7 +71,7 @@ def test_tensor_parallel_layers_and_mlp_equal_one_process(world: int) -> None:
 def _block_memory() -> list[tuple[dict[str, int], dict[str, int]]]:
     device = runtime.device()
     torch.manual_seed(0)
-    block = Block(GPTConfig(n_embd=H, n_head=4)).to(device)
+    block = Block(GPTConfig(n_embd=H, n_head=8)).to(device)
     x = torch.randn(B, T, H).to(device)
     pairs = [block_memory(block, block, x)]
     for sp in (False, True):
