@@ -4,6 +4,7 @@ equal gloo's on the host; each planted fault ends in an error that names its rul
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -205,3 +206,51 @@ def test_eager_size_reads_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     assert p2p.eager_bytes() == 4 * 2**20
     monkeypatch.setenv(p2p.EAGER_VARIABLE, "1024")
     assert p2p.eager_bytes() == 1024
+
+
+def _two_links() -> float:
+    """A pipeline's two links between one pair: each its own group, a receive
+    posted ahead on one while the other sends (ranks 0 and 1 both)."""
+    d, me = runtime.device(), dist.get_rank()
+    forward, backward = _group(), _group()  # activations 0 -> 1, gradients 1 -> 0
+    x = torch.full((4,), 1.0 + me, device=d)
+    if me == 0:
+        grad = dist.irecv(torch.empty(4, device=d), 1, group=backward)  # ahead
+        dist.send(x, 1, group=forward)
+        grad.wait()
+    else:
+        dist.recv(x, 0, group=forward)
+        dist.send(x * 2, 0, group=backward)
+    return x[0].item()
+
+
+def test_a_receive_posted_on_one_group_does_not_stall_anothers_send() -> None:
+    """The groups of a rank share one store client; a rule's wait that held it
+    stalled the other group's send until the timeout (the pipeline's links)."""
+    start = time.monotonic()
+    assert spawn(_two_links, 2, backend="emulated", timeout=10) == [1.0, 1.0]
+    assert time.monotonic() - start < 10
+
+
+def _default_group() -> dict:
+    d = runtime.device()
+    found = {"backend": dist.get_backend()}
+    objects: list = [None, None]
+    dist.all_gather_object(objects, {"rank": dist.get_rank()})  # bytes on the device
+    found["objects"] = objects
+    try:
+        dist.all_reduce(torch.ones(2))  # a host tensor in the ranks' default group
+    except RuntimeError as err:
+        found["host"] = str(err).splitlines()[0]
+    x = torch.ones(2, device=d)
+    dist.all_reduce(x)
+    found["sum"] = x.cpu().tolist()
+    return found
+
+
+def test_the_ranks_default_group_is_emulated_nccl() -> None:
+    for found in spawn(_default_group, 2, backend="emulated", timeout=10):
+        assert found["backend"] == runtime.EMULATED_BACKEND == "gpu:emunccl", found
+        assert found["objects"] == [{"rank": 0}, {"rank": 1}], found
+        assert "No backend type associated with device type cpu" in found["host"]
+        assert found["sum"] == [2.0, 2.0], found

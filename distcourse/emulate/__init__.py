@@ -18,13 +18,15 @@ The interface other modules rely on (kept stable):
 - `wrapper_device(device)`: the device for a tensor subclass wrapping a device tensor
   (C++ must see gpu:0; global tensors use it).
 
-torch's production modules on 2 emulated ranks (torch 2.14, gloo carrying the
-collectives; tests/test_emulate_device_torch.py): DDP, DTensor's `distribute_tensor`
-and `redistribute`, `parallelize_module`, `fully_shard` and `pipelining`'s GPipe all
-run on device tensors and match a one-process CPU run. None needs `host_for` today;
-it is the one way to run a module on the host should one stop working.
+torch's production modules on 2 emulated ranks (torch 2.14; the ranks' default group
+is emulated NCCL, `nccl.py`): DDP, DTensor's `distribute_tensor` and `redistribute`,
+`parallelize_module`, `fully_shard` and `pipelining`'s GPipe all run on device tensors
+and match a one-process CPU run (tests/test_emulate_device_torch.py). None needs
+`host_for` today; it is the one way to run a module on the host should one stop
+working. `kernels.py` registers a fused attention and autocast's pass-through.
 
-What is not modelled: kernel numerics (every kernel is the CPU one), autocast's casts,
+What is not modelled: kernel numerics (every kernel is the CPU one; autocast casts as
+the CPU's does),
 streams (one in-order queue: events complete when recorded), memory limits, speeds.
 C++ knows every device tensor as gpu:0 (see `device.DeviceTensor.device`), so a
 factory asked for gpu:0 lands on the current device.

@@ -37,17 +37,23 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from distcourse.emulate import counters
+from distcourse.emulate import counters, schema
 from distcourse.emulate.ordinal import DEVICE_TYPE, current, current_device
 
 RULE_SAME_DEVICE = "same-device rule (emulated GPU)"
 
 _aten = torch.ops.aten
-# c10d's ops (torch.ops.c10d.*, _c10d_functional.*) reach the wrapper first, which
-# hands their group the host data; those, while the op runs, still count as device
-# tensors (`is_device_tensor`), so NCCL's host-tensor rule sees what the caller gave
-# (a host tensor among an op's inputs is refused by the same-device rule first)
-_COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
+# c10d's ops (torch.ops.c10d.*, _c10d_functional.*, DTensor's _dtensor.*) reach the
+# wrapper first, which hands their group the host data; while the op runs, those
+# still count as device tensors (`is_device_tensor`), so NCCL's host-tensor rule sees
+# what the caller gave (a host tensor among the op's inputs is refused by the
+# same-device rule first)
+_COLLECTIVE_NAMESPACES = (
+    "c10d",
+    "_c10d_functional",
+    "_c10d_functional_autograd",
+    "_dtensor",
+)
 _in_collective = threading.local()
 
 _CROSSING = {  # ops that move data between devices on purpose
@@ -117,6 +123,19 @@ class DeviceTensor(torch.Tensor):
     @property
     def device(self) -> torch.device:  # type: ignore[override]
         return self._device
+
+    @property  # type: ignore[override]
+    def data(self) -> torch.Tensor:
+        return torch._C.TensorBase.data.__get__(self)
+
+    @data.setter
+    def data(self, new: torch.Tensor) -> None:
+        """`p.data = q` (nn.Module.to(dtype) converts parameters so) copies q's
+        metadata into p's C++ tensor; p's host data must follow, or p would say
+        bfloat16 while computing in float32."""
+        torch._C.TensorBase.data.__set__(self, new)
+        self._host = new._host if isinstance(new, DeviceTensor) else new
+        self._device = new.device if isinstance(new, DeviceTensor) else self._device
 
     def get_device(self) -> int:
         return self._device.index or 0
@@ -201,6 +220,7 @@ def _dispatch(func: Any, args: Any, kwargs: dict) -> Any:
 
     h_args = tree_map(unwrap, args)
     h_kwargs = tree_map(unwrap, kwargs)
+    h_args, h_kwargs = schema.device_by_name(func, list(h_args), h_kwargs)
     target = h_kwargs.get("device")
     leaving = synced = False  # leaving the device; waiting for it (to the host)
     made_on = None  # an op told where to put its result (`to`, `*_like`, `new_*`)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from distcourse.emulate import attention, counters
+from distcourse.emulate import counters, kernels
 from distcourse.emulate import device as _device
 
 # torch.gpu answers these by name (DeviceModule.__getattr__ looks in globals())
@@ -41,7 +41,7 @@ def setup() -> None:
     """Register the emulated device in this process, with `torch.gpu` as its device
     module (idempotent)."""
     _device.register(DeviceModule())
-    attention.register()
+    kernels.register()
 
 
 def rank_device(local_rank: int, local_world_size: int) -> torch.device:
@@ -172,8 +172,7 @@ def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
-    """What `torch.autocast("gpu", ...)` accepts; no cast kernels are registered for
-    the emulated device, so its ops run in their own dtype (a real GPU casts)."""
+    """What `torch.autocast("gpu", ...)` accepts (its casts: `kernels.py`)."""
     return [torch.float16, torch.bfloat16]
 
 

@@ -36,6 +36,7 @@ PrefixStore of the same store. The rules, each from NCCL's or torch's documentat
 from __future__ import annotations
 
 import sys
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -54,6 +55,11 @@ _SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
 def register() -> None:
     """Make BACKEND known to torch.distributed for the emulated device (idempotent)."""
     _device.setup()
+    # c10d binds `init_process_group(device_id=...)` to the group it made first,
+    # which a Python group replaces; then every barrier warns that it "uses the
+    # device under current context" (c10d: barrier). The emulated barrier uses no
+    # device, so the advice to bind one does not apply here.
+    warnings.filterwarnings("ignore", "barrier\\(\\): using the device under current")
     if not hasattr(dist.Backend, BACKEND.upper()):
         dist.Backend.register_backend(BACKEND, _create, devices=[_device.DEVICE_TYPE])
         _device.add_sync_hook(timing.host_synced)
@@ -111,6 +117,11 @@ class EmulatedNccl(PointToPoint, dist.ProcessGroup):
     @property
     def supports_coalescing(self) -> bool:
         return True
+
+    @property
+    def supports_splitting(self) -> bool:
+        """No ncclCommSplit here: c10d makes each new group from the store."""
+        return False
 
     def _get_backend(self, device: Any) -> EmulatedNccl:
         """The group is its own backend (torch asks it whether it coalesces)."""

@@ -43,18 +43,24 @@ class SkipSampler(Sampler[int]):
         return max(len(self.sampler) - self.skip, 0)  # type: ignore[arg-type]
 
 
-def rng_states() -> dict[str, Any]:
-    """This process's torch, numpy and python generator states."""
-    return {
+def rng_states(device: torch.device | None = None) -> dict[str, Any]:
+    """This process's torch, numpy and python generator states, and `device`'s
+    (a GPU draws dropout masks from a generator of its own)."""
+    states = {
         "torch": torch.get_rng_state(),
         "numpy": np.random.get_state(),
         "python": random.getstate(),
     }
+    if device is not None and device.type != "cpu":
+        states["device"] = torch.get_device_module(device).get_rng_state(device)
+    return states
 
 
-def set_rng_states(states: dict[str, Any]) -> None:
+def set_rng_states(states: dict[str, Any], device: torch.device | None = None) -> None:
     """Put back what `rng_states` returned."""
     torch.set_rng_state(states["torch"])
+    if "device" in states:
+        torch.get_device_module(device).set_rng_state(states["device"], device)
     np.random.set_state(states["numpy"])
     random.setstate(states["python"])
 
@@ -66,12 +72,15 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
 
 
-def build() -> tuple[nn.Module, torch.optim.Optimizer, Any, TensorDataset]:
-    """The run's model (with dropout), SGD with momentum, a step LR schedule, data."""
+def build(
+    device: torch.device | str = "cpu",
+) -> tuple[nn.Module, torch.optim.Optimizer, Any, TensorDataset]:
+    """The run's model (with dropout) on `device`, SGD with momentum, a step LR
+    schedule, data (on the host, as a loader's are)."""
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Linear(10, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 5)
-    )
+    ).to(device)  # before the optimizer takes its parameters
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5)
     return model, optimizer, scheduler, TensorDataset(*synthetic_regression(64))
@@ -90,8 +99,10 @@ def train(
     stop_after: int | None = None,
     resume: bool = False,
     forget: Sequence[str] = (),
+    device: torch.device | str = "cpu",
 ) -> list[float]:
-    """Train on every rank of the default group; return this rank's step losses.
+    """Train on every rank of the default group, the model on `device` (the rank's
+    own: `runtime.device()`); return this rank's step losses.
 
     `stop_after=k`: after k steps rank 0 saves the checkpoint to `path` and the run
     stops. `resume`: start from that checkpoint (loaded with map_location, on every
@@ -100,20 +111,20 @@ def train(
     """
     if unknown := set(forget) - set(PARTS):
         raise ValueError(f"forget: unknown parts {sorted(unknown)}; known: {PARTS}")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model, optimizer, scheduler, dataset = build()
+    rank, world, device = dist.get_rank(), dist.get_world_size(), torch.device(device)
+    model, optimizer, scheduler, dataset = build(device)
     ddp = DistributedDataParallel(model)
     sampler = DistributedSampler(dataset, world, rank, shuffle=True, seed=0)
     seed_all(1 + rank)  # each rank its own dropout masks and augmentation
     epoch = step = done = 0
     if resume:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         if "scheduler" not in forget:
             scheduler.load_state_dict(state["scheduler"])
         if "rng" not in forget:
-            set_rng_states(state["rng"][rank])
+            set_rng_states(state["rng"][rank], device)
         epoch, done = state["epoch"], state["done"]
         step = 0 if "position" in forget else state["step"]
     losses: list[float] = []
@@ -124,9 +135,10 @@ def train(
         loader = DataLoader(dataset, batch, sampler=rest, generator=torch.Generator())
         for x, y in loader:
             if done == stop_after:
-                save(path, ddp, optimizer, scheduler, epoch, step, done)
+                save(path, ddp, optimizer, scheduler, (epoch, step, done), device)
                 return losses
             optimizer.zero_grad()
+            x, y = x.to(device), y.to(device)
             loss = F.mse_loss(ddp(augment(x)), y)
             loss.backward()
             optimizer.step()
@@ -142,13 +154,14 @@ def save(
     ddp: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
-    epoch: int,
-    step: int,
-    done: int,
+    position: tuple[int, int, int],
+    device: torch.device | None = None,
 ) -> None:
-    """Rank 0 writes everything; every rank's generator states travel to it first."""
+    """Rank 0 writes everything; every rank's generator states travel to it first.
+    `position`: (epoch, step in the epoch, steps done)."""
+    epoch, step, done = position
     everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, rng_states())
+    dist.all_gather_object(everyone, rng_states(device))
     if dist.get_rank() == 0:
         state = {
             "model": ddp.module.state_dict(),  # the plain model: loads without DDP
