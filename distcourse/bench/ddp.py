@@ -59,10 +59,12 @@ def _make_step(
 def _measure(cfg: Config, bucket_mb: float) -> list[list[float]]:
     """On every rank: step times in seconds, [implementation][step], slowest rank's."""
     runtime.seed_everything(0, per_rank=False)  # the same model on every rank
+    device = runtime.device()  # the rank's own: a GPU on a GPU box
     base = models.wide_mlp(width=cfg.width, depth=cfg.depth, d_in=cfg.d_in)
+    base.to(device)
     runtime.seed_everything(1)  # different data on every rank
-    x = torch.randn(cfg.batch, cfg.d_in)
-    y = torch.randint(0, 10, (cfg.batch,))
+    x = torch.randn(cfg.batch, cfg.d_in).to(device)
+    y = torch.randint(0, 10, (cfg.batch,)).to(device)
     steps = [
         _make_step(name, copy.deepcopy(base), x, y, bucket_mb)
         for name in IMPLEMENTATIONS

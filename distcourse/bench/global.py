@@ -50,11 +50,8 @@ QUICK = Config(m=8, k=8, n=8, ranks=2, warmup=1, steps=3)
 
 def _tensors(cfg: Config) -> list[torch.Tensor]:
     torch.manual_seed(0)
-    return [
-        torch.randn(cfg.m, cfg.k),
-        torch.randn(cfg.k, cfg.k),
-        torch.randn(cfg.k, cfg.n),
-    ]
+    shapes = [(cfg.m, cfg.k), (cfg.k, cfg.k), (cfg.k, cfg.n)]
+    return [torch.randn(shape).to(runtime.device()) for shape in shapes]
 
 
 def _dtensor_step(cfg: Config) -> Callable[[], torch.Tensor]:

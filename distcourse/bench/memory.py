@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from distcourse import tables
+from distcourse import runtime, tables
 from distcourse.examples import models
 from distcourse.launch import spawn
 from distcourse.parallel.ddp import DDP
@@ -49,7 +49,8 @@ def formula(parameters: int, gradient_as_bucket_view: bool) -> dict[str, int]:
 def measure(impl: str, gradient_as_bucket_view: bool, width: int = 256) -> dict:
     """On every rank: bytes held per part after 3 Adam steps of `wide_mlp`."""
     torch.manual_seed(0)
-    model = models.wide_mlp(width=width, depth=3, d_in=64)
+    device = runtime.device()  # the rank's own: a GPU on a GPU box
+    model = models.wide_mlp(width=width, depth=3, d_in=64).to(device)
     if impl == "torch":
         net = DistributedDataParallel(
             model, gradient_as_bucket_view=gradient_as_bucket_view
@@ -64,7 +65,8 @@ def measure(impl: str, gradient_as_bucket_view: bool, width: int = 256) -> dict:
     else:
         net = DDP(model, gradient_as_bucket_view=gradient_as_bucket_view)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x, y = torch.randn(16, 64), torch.randint(0, 10, (16,))
+    x = torch.randn(16, 64).to(device)
+    y = torch.randint(0, 10, (16,)).to(device)
     for _ in range(3):  # torch rebuilds its buckets after the first step
         optimizer.zero_grad()
         F.cross_entropy(net(x), y).backward()

@@ -52,7 +52,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from distcourse import tables
+from distcourse import runtime, tables
 from distcourse.bench import common
 from distcourse.clock import DeviceTimer
 from distcourse.launch import spawn
@@ -124,15 +124,15 @@ class Block(nn.Module):
 
 def _model(cfg: Config) -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(
-        *[Block(cfg.width, cfg.sleep_per_sample) for _ in range(cfg.blocks)]
-    )
+    blocks = [Block(cfg.width, cfg.sleep_per_sample) for _ in range(cfg.blocks)]
+    return nn.Sequential(*blocks).to(runtime.device())  # the rank's own device
 
 
 def _data(cfg: Config) -> tuple[Tensor, Tensor]:
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(cfg.batch, cfg.width, generator=gen)
-    return x, torch.randn(cfg.batch, cfg.width, generator=gen)
+    y = torch.randn(cfg.batch, cfg.width, generator=gen)
+    return x.to(runtime.device()), y.to(runtime.device())
 
 
 def _timed(runners: list, cfg: Config, steps: int) -> torch.Tensor:

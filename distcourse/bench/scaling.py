@@ -52,13 +52,15 @@ def _measure(cfg: Config) -> dict[str, list[float]]:
     """On every rank: the slowest rank's step times (s) in each mode."""
     world = runtime.require_initialized().world_size
     runtime.seed_everything(0, per_rank=False)
-    model = models.wide_mlp(cfg.width, cfg.depth, cfg.d_in)
+    device = runtime.device()  # the rank's own: a GPU on a GPU box
+    model = models.wide_mlp(cfg.width, cfg.depth, cfg.d_in).to(device)
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     times = {}
     for mode in MODES:
         batch = cfg.global_batch // world if mode == "strong" else cfg.per_rank
-        x, y = torch.randn(batch, cfg.d_in), torch.randint(0, 10, (batch,))
+        x = torch.randn(batch, cfg.d_in).to(device)
+        y = torch.randint(0, 10, (batch,)).to(device)
         spent = torch.zeros(cfg.steps, dtype=torch.float64)
         timer = DeviceTimer()  # device time: a GPU runs the step after it is queued
         for i in range(cfg.warmup + cfg.steps):

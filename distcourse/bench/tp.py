@@ -75,8 +75,9 @@ def _make_step(module: nn.Module, x: torch.Tensor) -> Callable[[], None]:
 def _measure(cfg: Config) -> list[list[float]]:
     """On every rank: step times in seconds, [implementation][step], slowest rank's."""
     torch.manual_seed(0)  # the same MLP and input on every rank
-    mlp = MLP(cfg.hidden)
-    x = torch.randn(cfg.batch, cfg.seq, cfg.hidden, requires_grad=True)
+    device = runtime.device()  # the rank's own: a GPU on a GPU box
+    mlp = MLP(cfg.hidden).to(device)
+    x = torch.randn(cfg.batch, cfg.seq, cfg.hidden).to(device).requires_grad_()
     modules = [
         _torch_mlp(mlp),
         ParallelMLP.from_module(mlp),

@@ -85,10 +85,12 @@ def _held(net: nn.Module, opt: torch.optim.Optimizer) -> int:
 def _measure(cfg: Config) -> tuple[list[list[float]], list[int]]:
     """On every rank: step times [implementation][step] and bytes held (this rank)."""
     runtime.seed_everything(0, per_rank=False)
+    device = runtime.device()  # the rank's own: a GPU on a GPU box
     base = models.wide_mlp(width=cfg.width, depth=cfg.depth, d_in=cfg.d_in)
+    base.to(device)
     runtime.seed_everything(1)
-    x = torch.randn(cfg.batch, cfg.d_in)
-    y = torch.randint(0, 10, (cfg.batch,))
+    x = torch.randn(cfg.batch, cfg.d_in).to(device)
+    y = torch.randint(0, 10, (cfg.batch,)).to(device)
     trained = [_wrap(name, copy.deepcopy(base)) for name in IMPLEMENTATIONS]
     steps = [_step(net, opt, x, y) for net, opt in trained]
     times = common.time_rounds(steps, cfg.warmup, cfg.steps)
