@@ -213,12 +213,12 @@ class PointToPoint:
         peer waits for (two groups each waiting on the other: a pipeline's links).
         """
         end = time.monotonic() + self._timeout.total_seconds()
-        pause = 1e-4
+        pause = 5e-5
         while not self._store.check([key]):
             if time.monotonic() > end:
                 return False
             time.sleep(pause)
-            pause = min(2 * pause, 5e-3)
+            pause = min(2 * pause, 1e-3)  # a late peer costs at most 1 ms more
         return True
 
     def _check_match(self, src: int, n: int, tag: int, t: torch.Tensor) -> None:
