@@ -18,14 +18,14 @@ import gpu_suite  # noqa: E402  (tests/gpu is no package: its conftest imports i
     ("value", "gpus", "device", "sizes"),
     [
         ("cpu", 0, "cpu", [1, 2]),
-        ("emulated", 0, "emulated", [1, 2, 4]),
-        (" Emulated ", 1, "emulated", [1, 2, 4]),  # never cut to the real GPUs
+        ("emulated", 0, "emulated", [1, 2, 4, 8]),
+        (" Emulated ", 1, "emulated", [1, 2, 4, 8]),  # never cut to the real GPUs
         ("cuda", 1, "cuda", [1]),
         ("cuda", 2, "cuda", [1, 2]),
         ("cuda", 4, "cuda", [1, 2, 4]),
-        ("cuda", 8, "cuda", [1, 2, 4]),
-        ("cuda", 16, "cuda", [1, 2, 4]),
-        ("", 8, "cuda", [1, 2, 4]),  # unset: cuda where torch sees a GPU
+        ("cuda", 8, "cuda", [1, 2, 4, 8]),
+        ("cuda", 16, "cuda", [1, 2, 4, 8]),
+        ("", 8, "cuda", [1, 2, 4, 8]),  # unset: cuda where torch sees a GPU
         ("", 0, None, []),  # unset and no GPU: skipped
     ],
 )

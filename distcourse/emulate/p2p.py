@@ -31,6 +31,7 @@ RULE_ORDER = (
     "issue-order rule: a send larger than NCCL's buffers completes only when its "
     "receive runs"
 )
+RULE_SHARE = 0.8  # of the group's timeout: see PointToPoint._rule_seconds
 EAGER_VARIABLE = "DISTCOURSE_NCCL_EAGER_BYTES"
 EAGER_BYTES = 4 * 2**20  # NCCL_BUFFSIZE's default (NCCL's environment variables doc)
 
@@ -170,7 +171,7 @@ class PointToPoint:
 
     def _unit(self, ops: list[tuple]) -> list:
         """Run one unit on the stream; return gloo's send works (to wait on)."""
-        me, seconds = self._me, self._timeout.total_seconds()
+        me, seconds = self._me, self._rule_seconds()
         for kind, peer, n, tag, t in ops:
             if kind == "recv":
                 self._store.set(f"posted/{peer}>{me}/{n}", "1")
@@ -199,20 +200,42 @@ class PointToPoint:
                 sends.append(self._gloo.send([host], peer, n))
             else:
                 self._check_match(peer, n, tag, t)
-                recvs.append(self._gloo.recv([host], peer, n))
-        for work in recvs:
-            work.wait()
+                recvs.append((self._gloo.recv([host], peer, n), peer, n, t))
+        for work, peer, n, t in recvs:
+            self._wait_data(work, peer, n, t)
         self._eager = [w for w in self._eager if not w.is_completed()]
         return sends
 
+    def _wait_data(self, work: Any, src: int, n: int, t: torch.Tensor) -> None:
+        """Wait for a receive's data; RULE_ORDER after `_rule_seconds`: the stream
+        waits here, and the send it waits for is queued, on the peer's stream,
+        behind an op that waits for this one (a cycle NCCL never breaks)."""
+        seconds = self._rule_seconds()
+        try:
+            work.wait(timedelta(seconds=seconds))
+        except RuntimeError as err:
+            raise NcclRuleError(
+                f"{RULE_ORDER}, and a receive blocks its stream until its data "
+                f"arrive: rank {self._me}'s receive #{n} from rank {src} "
+                f"({describe(t)}) got no data within {seconds:.0f} s; rank {src}'s "
+                "matching send is queued behind an op that waits for this rank. "
+                "Post each exchange's sends and receives in one batch_isend_irecv."
+            ) from err
+
+    def _rule_seconds(self) -> float:
+        """How long a rule waits: RULE_SHARE of the group's timeout, so that its
+        error, which names the pair, comes before gloo's own timeout on a
+        receive that the same deadlock left waiting."""
+        return RULE_SHARE * self._timeout.total_seconds()
+
     def _await(self, key: str) -> bool:
-        """True once `key` is in the store, False after the group's timeout.
+        """True once `key` is in the store, False after `_rule_seconds`.
 
         Polled, not `store.wait`ed: the groups of a process share one store client,
         and a wait holds it, so another group's stream could not `set` the key its
         peer waits for (two groups each waiting on the other: a pipeline's links).
         """
-        end = time.monotonic() + self._timeout.total_seconds()
+        end = time.monotonic() + self._rule_seconds()
         pause = 5e-5
         while not self._store.check([key]):
             if time.monotonic() > end:
@@ -228,7 +251,7 @@ class PointToPoint:
         if not self._await(key):
             raise NcclRuleError(
                 f"rank {self._me}'s receive #{n} from rank {src} ({describe(t)}) "
-                f"found no matching send within {self._timeout.total_seconds():.0f} s"
+                f"found no matching send within {self._rule_seconds():.0f} s"
             )
         sent_tag, sent = self._store.get(key).decode().split("|", 1)
         if int(sent_tag) != tag or sent != describe(t):
