@@ -139,13 +139,17 @@ def train_lm(
     batches: list[tuple[torch.Tensor, torch.Tensor]],
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss,
     lr: float = 1e-2,
+    optimizer_class: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW,
 ) -> list[float]:
-    """One AdamW step per batch; the loss of every step.
+    """One optimizer step per batch (AdamW, or `optimizer_class(params, lr=lr)`);
+    the loss of every step.
 
     `loss_fn(logits, targets)` is `lm_loss` for a whole model; a model whose logits
     are split (tensor parallelism) passes its own, e.g. a vocabulary-parallel one.
+    AdamW divides each step by the gradient's size, so its losses hardly see a
+    gradient of the wrong scale; plain SGD (`torch.optim.SGD`) steps by the gradient.
     """
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    optimizer = optimizer_class(model.parameters(), lr=lr)
     losses = []
     for x, y in batches:
         optimizer.zero_grad()

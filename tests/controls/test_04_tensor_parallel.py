@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import tempfile
 
 import helpers
@@ -26,6 +27,7 @@ from distcourse.examples.gpt import (
     GPTConfig,
     SelfAttention,
     TinyGPT,
+    lm_loss,
     token_batches,
     train_lm,
 )
@@ -489,3 +491,84 @@ def test_training_a_nudged_split_model_fails(faults: dict[str, str]) -> None:
 def test_a_nudged_checkpoint_fails(faults: dict[str, str]) -> None:
     for name in ("loaded", "logits"):
         assert _fails(faults[name]), faults[name]
+
+
+def _load_after_a_failed_save(fresh: bool) -> str:
+    """Step 8's checkpoint with its save planted away, an earlier run's file left at
+    the old fixed path: the chapter's fresh directory (`fresh`) finds no file, the
+    old fixed path loads the stale one without a word."""
+    rank = dist.get_rank()
+    old = os.path.join(tempfile.gettempdir(), f"distcourse_stale_{os.getppid()}")
+    if rank == 0:
+        os.makedirs(old, exist_ok=True)
+        torch.save({"w": torch.zeros(1)}, os.path.join(old, "tp2.pt"))  # earlier run's
+    folder = [tempfile.mkdtemp(prefix="distcourse-") if rank == 0 else None]
+    dist.broadcast_object_list(folder, src=0)  # as the chapter's cell does
+    path = os.path.join(folder[0] if fresh else old, "tp2.pt")
+    dist.barrier()  # the planted fault: nobody saved
+    try:
+        torch.load(path, weights_only=True)
+        seen = "loaded a stale file"
+    except FileNotFoundError:
+        seen = "no file: the failed save is seen"
+    dist.barrier()
+    if rank == 0:
+        for gone in (old, folder[0]):
+            shutil.rmtree(gone)
+    return seen
+
+
+def test_a_failed_save_is_seen_in_a_fresh_directory() -> None:
+    assert (
+        spawn(_load_after_a_failed_save, 2, True)
+        == ["no file: the failed save is seen"] * 2
+    )
+    assert spawn(_load_after_a_failed_save, 2, False) == ["loaded a stale file"] * 2
+
+
+def _doubled(model: nn.Module) -> nn.Module:
+    """The planted fault: every gradient twice its size (a sum over a group of 2
+    where a mean belongs)."""
+    for p in model.parameters():
+        p.register_hook(lambda g: 2 * g)
+    return model
+
+
+def _scale_blind() -> dict[str, str]:
+    """Step 7's three checks on a split model whose gradients are doubled."""
+    batches = token_batches(20, 8)
+    torch.manual_seed(0)
+    gpt = TinyGPT()
+    x, y = batches[0]
+    one, split = copy.deepcopy(gpt), _doubled(parallelize_gpt(gpt))
+    lm_loss(one(x), y).backward()
+    vocab_parallel_cross_entropy(split(x), y).backward()
+    worst = checks.max_over_ranks(max(gradient_differences(split, one).values()))
+    found = {"gradients": checks.verdict(worst, 1e-5)}
+    for name, options, tol in (
+        ("SGD", dict(lr=0.1, optimizer_class=torch.optim.SGD), 1e-5),
+        ("AdamW", {}, 1e-4),
+    ):
+        alone = train_lm(copy.deepcopy(gpt), batches, **options)
+        split = _doubled(parallelize_gpt(gpt))
+        got = train_lm(split, batches, vocab_parallel_cross_entropy, **options)
+        worst = max(abs(a - b) for a, b in zip(alone, got, strict=True))
+        found[name] = checks.verdict(worst, tol)
+    return found
+
+
+@pytest.mark.controls(
+    "04_tensor_parallel",
+    r"TP=4 step-1 gradients vs one process",
+    fault="every gradient of the split TinyGPT doubled (a sum where a mean belongs)",
+)
+@pytest.mark.controls(
+    "04_tensor_parallel",
+    r"TP=4 with SGD: .*every loss",
+    fault="every gradient of the split TinyGPT doubled (a sum where a mean belongs)",
+)
+def test_doubled_gradients_fail_the_gradient_and_sgd_checks_not_adamws() -> None:
+    for found in spawn(_scale_blind, 2):
+        assert found["gradients"].endswith("FAIL"), found
+        assert found["SGD"].endswith("FAIL"), found
+        assert found["AdamW"].endswith("PASS"), found  # why step 7 adds the others

@@ -131,6 +131,9 @@ def _training(p1: gt.Placement) -> list[str]:
     torch.manual_seed(5)
     fresh = gt.to_global(ToyModel(), p1, B)
     fresh.load_state_dict(gt.load(path, global_src_rank=0))  # the stale file
+    dist.barrier()  # read: rank 0 removes it (nothing of a run stays behind)
+    if dist.get_rank() == 0:
+        os.remove(path)
     x = gt.randn(8, 10, placement=p1, sbp=S0)
     d = (fresh(x).full_tensor() - trained(x).full_tensor()).abs().max().item()
     lines.append(f"loaded model == saved model {checks.verdict(d, 1e-6)}")
