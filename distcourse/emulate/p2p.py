@@ -72,6 +72,12 @@ def describe(t: torch.Tensor) -> str:
     return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
 
 
+def _count(t: torch.Tensor) -> str:
+    """`4 float32`: what NCCL matches a message by, its element count and type (a
+    () tensor sent to a (1,) one is the same message)."""
+    return f"{t.numel()} {str(t.dtype).removeprefix('torch.')}"
+
+
 def refuse_host(t: torch.Tensor, rank: int, what: str) -> None:
     """Raise NCCL's error for a host tensor (c10d's, where NCCL knows only cuda)."""
     if not _device.is_device_tensor(t):
@@ -176,7 +182,9 @@ class PointToPoint:
             if kind == "recv":
                 self._store.set(f"posted/{peer}>{me}/{n}", "1")
             else:
-                self._store.set(f"meta/{me}>{peer}/{n}", f"{tag}|{describe(t)}")
+                self._store.set(
+                    f"meta/{me}>{peer}/{n}", f"{tag}|{_count(t)}|{describe(t)}"
+                )
         for kind, peer, n, _, t in ops:
             size = t.numel() * t.element_size()
             if kind == "send" and size > eager_bytes():
@@ -253,8 +261,8 @@ class PointToPoint:
                 f"rank {self._me}'s receive #{n} from rank {src} ({describe(t)}) "
                 f"found no matching send within {self._rule_seconds():.0f} s"
             )
-        sent_tag, sent = self._store.get(key).decode().split("|", 1)
-        if int(sent_tag) != tag or sent != describe(t):
+        sent_tag, count, sent = self._store.get(key).decode().split("|", 2)
+        if int(sent_tag) != tag or count != _count(t):  # NCCL sees count and type
             raise NcclRuleError(
                 f"{RULE_TAGS} (torch's docs of send/isend; pytorch/pytorch#94819): "
                 f"rank {self._me}'s receive #{n} from rank {src} (tag {tag}, "
