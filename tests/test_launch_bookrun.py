@@ -67,6 +67,36 @@ def test_a_negative_stored_on_purpose_passes_only_word_for_word() -> None:
     assert failed == ["rank 1: parameters identical on all ranks: False"]
 
 
+def test_every_passed_verdict_must_be_one_a_control_of_its_chapter_knows(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "test_marks.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.controls('01_a', r'max \\|a - b\\|', fault='b nudged')\n"
+        "@pytest.mark.controls('01_a', r'^same', fault='one rank off')\n"
+        "@pytest.mark.controls('01_a', r'two GPUs', fault='f', printed_on='2 GPUs')\n"
+        "@pytest.mark.controls('02_b', r'max \\|c - d\\|', fault='d nudged')\n"
+        "def test_a(): ...\n"
+    )
+    known = bookrun.controls(tmp_path)
+    assert [c.notebook for c in known] == ["01_a", "01_a", "01_a", "02_b"]
+    printed = ["max |a - b| <= 1e-06: PASS", "same: True"]
+    assert bookrun.unknown("01_a", printed, known) == []  # "two GPUs": some boxes
+    renamed = ["max |a - b| <= 1e-06: PASS", "identical: True"]
+    assert bookrun.unknown("01_a", renamed, known) == [
+        "no control knows this verdict: identical: True",
+        f"not printed: the verdict of {tmp_path.name}/test_marks.py:4 (^same)",
+    ]
+    other = bookrun.unknown("02_b", printed, known)  # another chapter's controls
+    assert other[0] == "no control knows this verdict: max |a - b| <= 1e-06: PASS"
+
+
+def test_the_book_s_own_controls_are_read_from_the_repository() -> None:
+    known = bookrun.controls()
+    assert len(known) > 100
+    assert {c.notebook for c in known} >= {"01_quickstart", "12b_context"}
+
+
 def _chapter(tmp_path: Path, name: str, *sources: str) -> Path:
     nb = new_notebook(cells=[new_code_cell(s) for s in sources])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
@@ -198,11 +228,20 @@ def test_dry_run_executes_copies_and_reports(tmp_path, monkeypatch, capsys) -> N
     nbformat.write(good_nb, good)
     bad = _chapter(tmp_path, "02_bad", "print('same: False')", "1 / 0", "print(2)")
     stored = {p: p.read_bytes() for p in (good, bad)}
+    marks = tmp_path / "controls"
+    marks.mkdir()
+    (marks / "test_marks.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.controls('01_good', r'^device', fault='f')\n"
+        "@pytest.mark.controls('01_good', r'max \\|a - b\\|', fault='f')\n"
+        "def test_a(): ...\n"
+    )
     monkeypatch.setenv(runtime.DEVICE_VARIABLE, "cpu")
     out = tmp_path / "out"
-    assert bookrun.main([str(good), "--out", str(out)]) == 0
+    run = ["--out", str(out), "--controls", str(marks)]
+    assert bookrun.main([str(good), *run]) == 0
     assert "01_good" in capsys.readouterr().out
-    assert bookrun.main([str(good), str(bad), "--out", str(out)]) == 1
+    assert bookrun.main([str(good), str(bad), *run]) == 1
     report = (out / "report.txt").read_text()
     assert report.startswith("Book run on CPU dry run")
     assert "02_bad: cell error: ZeroDivisionError: division by zero" in report

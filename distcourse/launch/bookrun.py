@@ -9,7 +9,11 @@ tagged `raises-exception` may) and every verdict a chapter prints is a PASS: the
 of `checks.verdict` ("... <= 1e-06: PASS") and the claims printed as "...: True".
 A FAIL or False that the stored notebook prints word for word is a check shown failing
 on purpose (chapter 3: one bucket hides nothing) and must come out the same.
-Everything else in the output is not compared.
+A line ending in PASS is not enough: each must be one the tests know, matched by a
+negative control of its chapter (a `pytest.mark.controls` marker, read by
+tests/verdict_controls.py), and each control's verdict must be printed (unless it
+prints only on some machines). A verdict that changed its words, or a check that
+stopped printing, fails the run. Everything else in the output is not compared.
 
 DISTCOURSE_DEVICE chooses the ranks (default cuda). A chapter runs at the rank count
 it is written for, never cut to fewer: on NCCL every rank needs a GPU of its own, so a
@@ -31,6 +35,7 @@ notebooks are never written. The executed copies and the report go to --out.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import sys
@@ -46,6 +51,7 @@ from distcourse.arguments import positive_int
 EMULATED = "emulated"  # runtime.EMULATED: the DISTCOURSE_DEVICE value
 BOOK = Path(__file__).resolve().parents[2] / "book"
 DEFAULT_OUT = Path("_build/bookrun")
+TESTS = BOOK.parent / "tests"  # where the negative controls are marked
 VERDICT = re.compile(r"(?<![\w])(PASS|FAIL)\s*$")  # checks.verdict's last word
 CLAIM = re.compile(r":\s*(True|False)\s*$")  # "identical on every rank: True"
 # The rank counts a code cell writes: cluster.start(4), spawn(fn, 2), --nproc-per-node 4
@@ -111,6 +117,40 @@ def verdicts(
     return passed, failed
 
 
+def controls(tests: Path = TESTS) -> list:
+    """The negative controls marked in the test files under `tests`, read by the
+    repository's tests/verdict_controls.py (an AST walk; nothing is run)."""
+    module = sys.modules.get("verdict_controls")  # the tests imported it already
+    if module is None:
+        reader = TESTS / "verdict_controls.py"
+        if not reader.is_file():
+            raise FileNotFoundError(f"no {reader}: the book runs from a clone")
+        spec = importlib.util.spec_from_file_location("verdict_controls", reader)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return module.find_controls(tests)
+
+
+def unknown(name: str, passed: list[str], known: list) -> list[str]:
+    """What the controls do not account for in a chapter's passed verdicts: a line
+    no control of chapter `name` matches, and a control whose verdict no line is
+    (leaving out those printed only on some machines, `printed_on`)."""
+    mine = [c for c in known if c.notebook == name]
+    found = [
+        f"no control knows this verdict: {line}"
+        for line in passed
+        if not any(c.matches(line) for c in mine)
+    ]
+    found += [
+        f"not printed: the verdict of {c.where} ({c.pattern})"
+        for c in mine
+        if not c.printed_on and not any(c.matches(line) for line in passed)
+    ]
+    return found
+
+
 def expected_negatives(nb: nbformat.NotebookNode) -> frozenset[str]:
     """The FAIL / False lines a stored notebook prints on purpose, word for word."""
     _, negative = verdicts(nb)
@@ -156,8 +196,11 @@ def plan(paths: list[Path], device: str, gpus: int) -> list[Chapter]:
     return chapters
 
 
-def execute(chapter: Chapter, out: Path, timeout: float) -> nbformat.NotebookNode:
-    """Run the chapter in a fresh kernel, in its own folder; record time and verdicts.
+def execute(
+    chapter: Chapter, out: Path, timeout: float, known: list
+) -> nbformat.NotebookNode:
+    """Run the chapter in a fresh kernel, in its own folder; record time and verdicts,
+    each passed one checked against the negative controls `known`.
 
     The executed copy is written to `out`, never over the stored notebook.
     """
@@ -176,6 +219,8 @@ def execute(chapter: Chapter, out: Path, timeout: float) -> nbformat.NotebookNod
         chapter.error = f"{type(err).__name__}: {err}".splitlines()[0]
     chapter.seconds = time.perf_counter() - start
     chapter.passed, chapter.failed = verdicts(nb, expected)
+    if chapter.error is None:  # a chapter stopped by an error prints only some
+        chapter.failed += unknown(chapter.name, chapter.passed, known)
     out.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, out / chapter.path.name)
     return nb
@@ -242,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: book/*")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--timeout", type=float, default=300, help="seconds a cell")
+    parser.add_argument(
+        "--controls", type=Path, default=TESTS, help="folder of the marked controls"
+    )
     args = parser.parse_args(argv)
     device = runtime.device_preference() or "cuda"
     os.environ[runtime.DEVICE_VARIABLE] = device  # kernels and engines inherit it
@@ -256,12 +304,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     chapters = plan(args.notebooks or sorted(BOOK.glob("*.ipynb")), device, gpus)
+    known = controls(args.controls)
     for c in chapters:
         if not c.runs:
             print(f"{c.name} needs {c.needs} GPUs, this box has {gpus}: not run")
             continue
         print(f"running {c.name} on {device} ranks ...", flush=True)
-        execute(c, args.out, args.timeout)
+        execute(c, args.out, args.timeout, known)
     text = report(chapters, machine(device, gpus))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.txt").write_text(text + "\n")
