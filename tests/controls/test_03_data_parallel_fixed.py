@@ -1,4 +1,4 @@
-"""Negative controls for the chapter 3 verdicts rewritten by issue 31 (items 2, ledger).
+"""Negative controls for the chapter 3 overlap verdict rewritten by issue 31 (item 2).
 
 Overlap: the chapter prints `some all-reduce completed behind backward, in at least
 one of 20 steps (4 ranks x 5): True`, from `trace.hidden_fraction` of our DDP's
@@ -7,9 +7,6 @@ gradient, so any DDP with two buckets passed. Here the same check runs on a real
 that launches its one all-reduce at the last gradient, and on planted timelines of a
 DDP that sends every bucket after backward and of one whose early launches sat in a
 queue until backward ended: all print False.
-
-Wire bytes: `on the wire per rank, as a ring: ...: True` sums `ring_wire_bytes` over
-a step's all-reduces; a parameter left out of every bucket makes it False.
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from distcourse import runtime, trace
-from distcourse.comm.ledger import ring_wire_bytes
 from distcourse.examples import models
 from distcourse.launch import spawn
 from distcourse.parallel.ddp import DDP
@@ -68,23 +64,3 @@ def test_a_ddp_that_sends_after_backward_fails() -> None:
     assert _overlap_line(planted).endswith(": False")
     served = [("backward", 1.0, 4.0), ("all_reduce 0", 1.5, 3.0)]  # the real thing
     assert _overlap_line([trace.hidden_fraction(served)]).endswith(": True")
-
-
-def _wire_line(sizes: list[int], total: int, n: int) -> str:
-    """The chapter's wire verdict for one way of cutting the gradient."""
-    wire = sum(ring_wire_bytes("all_reduce", b, n) for b in sizes)
-    return f"each 2(N-1)/N x S = {2 * (n - 1) * total // n:,}: " + str(
-        wire == 2 * (n - 1) * total // n
-    )
-
-
-@pytest.mark.controls(
-    "03_data_parallel",
-    r"on the wire per rank, as a ring:",
-    fault="a parameter (the 40-byte output bias) left out of every bucket",
-)
-def test_a_gradient_left_out_fails_the_wire_bytes() -> None:
-    by_hand = [16_384, 256, 2_560, 40]  # the digits MLP's four gradients
-    total = sum(by_hand)
-    assert _wire_line(by_hand, total, 4).endswith(": True")
-    assert _wire_line(by_hand[:-1], total, 4).endswith(": False")

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from distcourse import checks
+from distcourse.comm import reduce_from_group
 from distcourse.examples import models
 from distcourse.examples.gpt import (
     MLP,
@@ -70,6 +71,15 @@ class MLPWithoutG(ParallelMLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(F.gelu(self.fc(x)), self.proj.weight) + self.proj.bias
+
+
+class MLPSummingInDouble(ParallelMLP):
+    """g sums the partial outputs in float64: the right numbers, twice the bytes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(F.gelu(self.fc(x)), self.proj.weight)
+        y = reduce_from_group(y.double(), check=False).to(y.dtype)
+        return y + self.proj.bias
 
 
 class SequenceMLPWithAllReduce(ParallelMLP):
@@ -160,12 +170,15 @@ def _bytes(found: dict[str, str]) -> None:
     mlp, x = MLP(H), torch.randn(B, T, H)
     block = Block(GPTConfig(n_embd=H, n_head=4))
     S = B * T * H * 4
-    ledger = step_ledger(MLPWithoutG.from_module(mlp, check=False), x)
-    wire, want = ledger.bytes_sent(), sublayer_wire_bytes(S, n)
-    found["mlp bytes"] = f"formula ... = {want:,}: {wire == want}"
-    ledger = step_ledger(parallelize_block(block, check=False), x)
-    wrong = 2 * 2 * 2 * n * S // n  # 2(N)/N in place of 2(N-1)/N
-    found["block bytes"] = f"formula ... = {wrong:,}: {ledger.bytes_sent() == wrong}"
+    for name, twin, sublayers in (
+        ("mlp bytes", MLPWithoutG.from_module(mlp, check=False), 1),
+        ("block bytes", parallelize_block(block, check=False), 2),
+    ):
+        if name == "block bytes":
+            twin.mlp = MLPSummingInDouble.from_module(block.mlp, check=False)
+        ledger = step_ledger(twin, x)
+        sizes = [r.bytes for r in ledger.records if r.op == "all_reduce"]
+        found[name] = f"... as the shapes say: {sizes == [S] * 2 * sublayers}"
     sp = SequenceMLPWithAllReduce.from_module(mlp, sequence_parallel=True, check=False)
     ledger = step_ledger(sp, x.tensor_split(n, 1)[rank])
     small = [r for r in ledger.records if r.op == "all_reduce" and r.bytes <= 64]
@@ -389,13 +402,13 @@ def test_vocab_embedding_with_the_wrong_rows_fails(faults: dict[str, str]) -> No
 
 @pytest.mark.controls(
     "04_tensor_parallel",
-    r"MLP: \d+ all_reduces of S bytes each",
+    r"MLP: on the wire .* as the shapes say",
     fault="a parallel MLP whose row layer skips its all_reduce",
 )
 @pytest.mark.controls(
     "04_tensor_parallel",
-    r"block: \d+ all_reduces of S bytes each",
-    fault="a byte formula with n where n - 1 belongs",
+    r"block: on the wire .* as the shapes say",
+    fault="a parallel block whose MLP sums its partial outputs in float64",
 )
 def test_ledger_against_broken_layers_or_formula_fails(
     faults: dict[str, str],
