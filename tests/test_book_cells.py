@@ -12,13 +12,16 @@
 
   which JupyterLab and the book both render as code (a `{literalinclude}` directive
   is code in the book only: JupyterLab shows the directive). This test keeps the
-  fence equal to the file.
+  fence equal to the file. A part of a file is shown the same way after
+  `<!-- from: path -->`: the fence must be consecutive lines of the file, with
+  their common indentation removed (a loop shown without its method around it).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -26,7 +29,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
 MAX_CODE, MAX_MARKDOWN = 20, 40
-SHOWN = re.compile(r"<!-- file: (\S+) -->\s*\n(`{3,})python\n(.*?)\n\2", re.DOTALL)
+SHOWN = re.compile(
+    r"<!-- (file|from): (\S+) -->\s*\n(`{3,})python\n(.*?)\n\3", re.DOTALL
+)
 
 
 def _cells(path: Path) -> list[dict]:
@@ -37,19 +42,21 @@ def _source(cell: dict) -> str:
     return "".join(cell["source"])
 
 
-def _shown(path: Path) -> list[tuple[str, str]]:
-    """(file, fenced text) of every script a notebook shows."""
+def _shown(path: Path, kind: str = "file") -> list[tuple[str, str]]:
+    """(file, fenced text) of every script (kind "file") or part of one ("from")
+    that a notebook shows."""
     return [
-        (m[1], m[3])
+        (m[2], m[4])
         for cell in _cells(path)
         if cell["cell_type"] == "markdown"
         for m in SHOWN.finditer(_source(cell))
+        if m[1] == kind
     ]
 
 
 def test_the_marker_finds_a_fenced_script() -> None:
     text = "Run it:\n\n<!-- file: a.py -->\n```python\nprint(1)\n\nx = 2\n```\nAfter."
-    assert [(m[1], m[3]) for m in SHOWN.finditer(text)] == [
+    assert [(m[2], m[4]) for m in SHOWN.finditer(text)] == [
         ("a.py", "print(1)\n\nx = 2")
     ]
     assert SHOWN.sub("", text) == "Run it:\n\n\nAfter."
@@ -63,6 +70,33 @@ def test_scripts_shown_in_a_chapter_equal_their_files(path: Path) -> None:
         assert fenced + "\n" == file.read_text(), (
             f"{path.name}: the fence under <!-- file: {name} --> differs from the "
             "file; paste the file's text into it again"
+        )
+
+
+def _is_part_of(fenced: str, text: str) -> bool:
+    """Is `fenced` some consecutive lines of `text`, their common indent removed?"""
+    want, lines = fenced.splitlines(), text.splitlines()
+    return any(
+        textwrap.dedent("\n".join(lines[i : i + len(want)])) == fenced
+        for i in range(len(lines) - len(want) + 1)
+    )
+
+
+def test_a_part_is_consecutive_lines_of_its_file_dedented() -> None:
+    text = "def f():\n    for i in x:\n        go(i)\n    done()\n"
+    assert _is_part_of("for i in x:\n    go(i)", text)
+    assert not _is_part_of("for i in x:\n    done()", text)  # not consecutive
+    assert not _is_part_of("for i in y:\n    go(i)", text)  # not the file's
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_parts_of_files_shown_in_a_chapter_are_in_their_files(path: Path) -> None:
+    for name, fenced in _shown(path, "from"):
+        file = ROOT / name
+        assert file.is_file(), f"{path.name} shows part of {name}: no such file"
+        assert _is_part_of(fenced, file.read_text()), (
+            f"{path.name}: the fence under <!-- from: {name} --> is not consecutive "
+            "lines of the file; paste them again"
         )
 
 

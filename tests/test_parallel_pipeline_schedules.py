@@ -187,3 +187,24 @@ def test_tagless_order_names_the_first_message_out_of_order() -> None:
         (0, 1): "message 0: rank 0 sends F0.0, rank 1 wants F0.1",
         (1, 0): None,
     }
+
+
+def test_a_count_that_does_not_split_names_the_nearest_that_do() -> None:
+    # chapter 5 once hinted "m below p, or a multiple of the rounds": 14 on 4 ranks is
+    # a multiple of neither 4 nor 3, and 5 to 7 ran; the hint must name counts that run
+    for p in range(2, 7):
+        for m in range(2 * p, 6 * p):
+            if m % (m // p) == 0:
+                continue
+            with pytest.raises(ValueError, match="the nearest that do") as err:
+                S.interleaved(p, m, 2)
+            below, above = (
+                int(n)
+                for n in str(err.value)
+                .split("the nearest that do: ")[1]
+                .split(";")[0]
+                .split(" and ")
+            )
+            assert below < m < above
+            for fine in (below, above, 2 * p - 1):
+                S.check(S.interleaved(p, fine, 2))  # they run

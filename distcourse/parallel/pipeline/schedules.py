@@ -94,6 +94,14 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     return Schedule("1F1B", p, m, 1, tuple(acts))
 
 
+def _splits(m: int, p: int, step: int) -> int:
+    """The nearest micro-batch count from m, going by `step`, that splits into
+    max(1, m // p) equal rounds."""
+    while m % max(1, m // p):
+        m += step
+    return m
+
+
 def interleaved(p: int, m: int, v: int) -> Schedule:
     """Interleaved 1F1B (Megatron-LM): v stages per rank; the bubble shrinks by v.
 
@@ -105,11 +113,12 @@ def interleaved(p: int, m: int, v: int) -> Schedule:
     _check_sizes("interleaved 1F1B", p, m, v)
     rounds = max(1, m // p)
     if m % rounds:
+        below, above = _splits(m, p, -1), _splits(m, p, +1)
         raise ValueError(
             f"interleaved 1F1B runs micro-batches in m // p = {rounds} equal rounds: "
-            f"micro_batches={m} does not split into {rounds} on {p} ranks (take m "
-            f"below {p}, or a multiple of {rounds}; torch's ScheduleInterleaved1F1B "
-            "has the same rule)"
+            f"micro_batches={m} does not split into {rounds} on {p} ranks (the "
+            f"nearest that do: {below} and {above}; every m up to {2 * p - 1} runs "
+            "as one round; torch's ScheduleInterleaved1F1B has the same rule)"
         )
     g = m // rounds  # micro-batches per round
     total = m * v  # (stage, micro-batch) pairs per rank
