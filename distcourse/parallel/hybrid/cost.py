@@ -53,16 +53,18 @@ def parameters_held(layout: Layout, cfg: GPTConfig, stage: int) -> int:
 
 
 def bytes_per_step(
-    layout: Layout, cfg: GPTConfig, batch: int, stage: int
+    layout: Layout, cfg: GPTConfig, batch: int, stage: int, act_bytes: int = FLOAT
 ) -> dict[str, int]:
-    """Wire bytes a rank of pipeline stage `stage` sends per step along each axis."""
+    """Wire bytes a rank of pipeline stage `stage` sends per step along each axis:
+    activations of `act_bytes` an element (float32 as the package trains; 2 in
+    mixed precision), gradients in float32."""
     b, T, C = batch // layout.dp, cfg.block_size, cfg.n_embd
-    A = FLOAT * b * T * C
+    A = act_bytes * b * T * C
     first, last = stage == 0, stage == layout.pp - 1
     blocks = cfg.n_layer // layout.pp
     # each tp all-reduce is a separate call: the ring share of each, summed
     tp = (4 * blocks + first + last) * ring_all_reduce(A, layout.tp)
-    tp += 3 * last * ring_all_reduce(FLOAT * b * T, layout.tp)
+    tp += 3 * last * ring_all_reduce(act_bytes * b * T, layout.tp)
     pp = A * ((not last) + (not first)) if layout.pp > 1 else 0
     dp = ring_all_reduce(FLOAT * parameters_held(layout, cfg, stage), layout.dp)
     return dict(dp=dp, pp=pp, tp=tp)

@@ -3,18 +3,26 @@
 For every layout of the world the model admits, a row of the numbers that decide:
 
 - memory per rank by kind (cost.parameters_held on the fullest stage): parameters
-  and gradients 4 bytes each, AdamW's two moments 8, in float32 as the package
-  trains; activations come on top (measured by HybridGPT.held, not modelled here);
-- wire bytes per step along each axis (cost.bytes_per_step, the busiest stage);
+  and gradients 4 bytes each, AdamW's two moments 8 (float32 as the package
+  trains; mixed precision's 2 + 2 + 12 is also 16); and the activations of the
+  first stage under 1F1B, which holds p micro-batches of L / p blocks: L blocks of
+  one micro-batch of one sequence, whatever p (Korthikanti et al. 2022, eq. 5:
+  s b h (34 + 5 a s / h) / t bytes a block in 16 bits, with sequence parallelism);
+- wire bytes per step along each axis (cost.bytes_per_step, the busiest stage),
+  activations in the run's 16-bit type (`act_bytes`), gradients in float32;
 - where each axis's groups run with the grid arange(world).view(dp, pp, tp) and
   nodes of consecutive ranks: tp inside a node while tp <= GPUs per node, pp while
   tp x pp is, dp only if the whole world is one node; and the seconds those bytes
-  take at that link's speed (bandwidth only: no latency, no overlap).
+  take at that link's speed (bandwidth only: no latency);
+- the pipeline's bubble: (p - 1) micro-batches' compute, one sequence each, with
+  the compute 6 N tokens FLOPs at `mfu` of the GPU's peak. Data parallelism's
+  all-reduce hides behind backward without a pipeline (chapter 3's DDP) and waits
+  for the pipeline's flush with one, so only then is it counted.
 
 The rule (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training
-on GPU Clusters Using Megatron-LM", takeaways 1-3): split the model (tp x pp) only
-as far as memory needs; tp up to the GPUs of one node, pipeline stages across
-nodes beyond it; every remaining factor to data parallelism.
+on GPU Clusters Using Megatron-LM", takeaway 2): split the model (tp x pp) only as
+far as memory needs, every remaining factor to data parallelism; among the splits
+of that size, the fewest modelled seconds.
 """
 
 from __future__ import annotations
@@ -28,21 +36,30 @@ from distcourse.parallel.hybrid.layout import Layout, check, layouts
 GIB = 2**30
 
 
+ACT_BYTES = 2  # bf16 activations, as mixed precision runs
+MFU = 0.5  # share of the peak a step reaches (Narayanan et al. 2021: 44-52 %)
+
+
 @dataclass(frozen=True)
 class Machine:
-    """Nodes of `gpus` GPUs with `memory_gib` each; per GPU and direction, `node_gbs`
-    GB/s to a GPU of its node and `network_gbs` GB/s to another node's."""
+    """Nodes of `gpus` GPUs with `memory_gb` GB (1e9 bytes) each; per GPU and
+    direction, `node_gbs` GB/s to a GPU of its node and `network_gbs` GB/s to
+    another node's; `tflops` the dense 16-bit peak (0: unknown, no bubble timed)."""
 
     name: str
     gpus: int
-    memory_gib: float
+    memory_gb: float
     node_gbs: float
     network_gbs: float
+    tflops: float = 0.0
 
 
-# NVIDIA's H100 SXM datasheet: 80 GB, NVLink 900 GB/s (both directions together);
-# DGX H100: one 400 Gb/s ConnectX-7 (InfiniBand NDR) per GPU = 50 GB/s a direction
-DGX_H100 = Machine("DGX H100: 8 x H100 SXM, NVLink 4, NDR InfiniBand", 8, 80, 450, 50)
+# NVIDIA's H100 SXM datasheet: 80 GB, NVLink 900 GB/s (both directions together),
+# 989 TFLOPS dense BF16; DGX H100: one 400 Gb/s ConnectX-7 (InfiniBand NDR) per
+# GPU = 50 GB/s a direction
+DGX_H100 = Machine(
+    "DGX H100: 8 x H100 SXM, NVLink 4, NDR InfiniBand", 8, 80, 450, 50, 989
+)
 
 
 def links(layout: Layout, machine: Machine) -> dict[str, str]:
@@ -58,25 +75,51 @@ def links(layout: Layout, machine: Machine) -> dict[str, str]:
     return {axis: link if degree[axis] > 1 else "-" for axis, link in where.items()}
 
 
+def activations(layout: Layout, cfg: GPTConfig, act_bytes: int = ACT_BYTES) -> int:
+    """Bytes of activations on 1F1B's first stage: L blocks of one micro-batch of
+    one sequence (Korthikanti et al. 2022, eq. 5, sequence parallelism, no
+    recomputation: s h (34 + 5 a s / h) / t a block at 16 bits)."""
+    s, h, a = cfg.block_size, cfg.n_embd, cfg.n_head
+    per_block = s * h * (34 + 5 * a * s / h) / layout.tp * act_bytes / 2
+    return int(cfg.n_layer * per_block)
+
+
+def compute_seconds(cfg: GPTConfig, batch: int, world: int, machine: Machine) -> float:
+    """A step's compute on each GPU: 6 N tokens FLOPs at MFU of the peak."""
+    if machine.tflops <= 0:
+        raise ValueError(f"{machine.name}: no tflops given, so no bubble can be timed")
+    n = parameters_held(Layout(1, 1, 1), cfg, 0)
+    return 6 * n * batch * cfg.block_size / (world * machine.tflops * 1e12 * MFU)
+
+
 def row(layout: Layout, cfg: GPTConfig, batch: int, machine: Machine) -> dict:
     """The numbers of one layout: memory by kind (GiB), wire bytes and seconds per
-    axis per step, and whether the model state fits a GPU."""
+    axis per step, the bubble's seconds, and whether it all fits a GPU."""
     stages = range(layout.pp)
     held = max(parameters_held(layout, cfg, s) for s in stages)
     memory = dict(params=FLOAT * held, grads=FLOAT * held, adamw=2 * FLOAT * held)
+    memory["acts"] = activations(layout, cfg)
     sent = {
-        axis: max(bytes_per_step(layout, cfg, batch, s)[axis] for s in stages)
+        axis: max(
+            bytes_per_step(layout, cfg, batch, s, act_bytes=ACT_BYTES)[axis]
+            for s in stages
+        )
         for axis in ("dp", "pp", "tp")
     }
     where = links(layout, machine)
     speed = {"node": machine.node_gbs * 1e9, "network": machine.network_gbs * 1e9}
     speed["-"] = speed["node"]  # no bytes to time
     seconds = {axis: sent[axis] / speed[where[axis]] for axis in sent}
+    compute = compute_seconds(cfg, batch, layout.world, machine)
+    if layout.pp == 1:  # DDP's all-reduce hides behind backward (2/3 of compute)
+        seconds["dp"] = max(0.0, seconds["dp"] - 2 / 3 * compute)
+    micro_batches = batch // layout.dp  # one sequence each
+    seconds["bubble"] = compute * (layout.pp - 1) / micro_batches
     return dict(
         layout=layout.name,
         memory_gib={k: v / GIB for k, v in memory.items()},
         state_gib=sum(memory.values()) / GIB,
-        fits=sum(memory.values()) <= machine.memory_gib * GIB,
+        fits=sum(memory.values()) <= machine.memory_gb * 1e9,
         bytes=sent,
         links=where,
         seconds=seconds,
@@ -97,37 +140,44 @@ def rows(cfg: GPTConfig, batch: int, world: int, machine: Machine) -> list[dict]
     return found
 
 
-def choose(found: list[dict]) -> dict:
-    """The rule: of the rows whose state fits, the least model parallelism (tp x pp,
-    then tp before pp), then the fewest communication seconds. ValueError if none
-    fits: the model needs more GPUs, or ZeRO / FSDP (chapter 9)."""
+def choose(found: list[dict], rule: bool = True) -> dict:
+    """The rule: of the rows whose memory fits, the least model parallelism (tp x
+    pp), then the fewest modelled seconds; `rule=False`: the fewest seconds of all.
+    ValueError if none fits: more GPUs, recomputation, or ZeRO / FSDP (chapter 9)."""
     fitting = [r for r in found if r["fits"]]
     if not fitting:
-        raise ValueError("no layout holds the model state: more GPUs, or shard it")
+        raise ValueError(
+            "no layout holds the model and its activations: more GPUs,"
+            " recomputation, or shard the state"
+        )
 
     def split(r: dict) -> tuple:
         _, pp, tp = (int(n) for n in r["layout"].split("x"))
-        return (tp * pp, pp, sum(r["seconds"].values()))
+        return (tp * pp if rule else 0, sum(r["seconds"].values()))
 
     return min(fitting, key=split)
 
 
 def table(found: list[dict]) -> str:
-    """The rows as text: memory by kind, then per axis bytes (MB), link, ms."""
+    """The rows as text: memory (GiB), then per axis MB, link and ms, the bubble's
+    ms and all the modelled ms of a step."""
+    head = "  ".join(f"{a + ' MB, link, ms':>20}" for a in ("dp", "pp", "tp"))
     lines = [
-        f"{'layout':>8} {'params':>7} {'grads':>7} {'adamw':>7} {'fits':>5}  "
-        + "  ".join(f"{a + ' MB, link, ms':>24}" for a in ("dp", "pp", "tp"))
+        f"{'layout':>7} {'state':>6} {'acts':>5} {'fits':>5}  {head}"
+        f" {'bubble':>6} {'total':>6}"
     ]
+    short = {"node": "node", "network": "net", "-": "-"}
     for r in found:
-        m = r["memory_gib"]
+        m, sec = r["memory_gib"], r["seconds"]
         axes = "  ".join(
-            f"{r['bytes'][a] / 1e6:>9,.0f} {r['links'][a]:>7} "
-            f"{1e3 * r['seconds'][a]:>6,.0f}"
+            f"{r['bytes'][a] / 1e6:>9,.0f} {short[r['links'][a]]:>4} "
+            f"{1e3 * sec[a]:>5,.0f}"
             for a in ("dp", "pp", "tp")
         )
+        state = r["state_gib"] - m["acts"]
         lines.append(
-            f"{r['layout']:>8} {m['params']:>6.1f}G {m['grads']:>6.1f}G "
-            f"{m['adamw']:>6.1f}G {str(r['fits']):>5}  {axes}"
+            f"{r['layout']:>7} {state:>5.1f}G {m['acts']:>4.1f}G {str(r['fits']):>5}"
+            f"  {axes} {1e3 * sec['bubble']:>6,.0f} {1e3 * sum(sec.values()):>6,.0f}"
         )
     return "\n".join(lines)
 
@@ -135,6 +185,5 @@ def table(found: list[dict]) -> str:
 def summary(best: dict) -> str:
     """A chosen row in one line: its layout, state per GPU and each axis's link."""
     where = ", ".join(f"{axis} {link}" for axis, link in best["links"].items())
-    return (
-        f"choose {best['layout']}: state {best['state_gib']:.1f} GiB per GPU; {where}"
-    )
+    memory = f"{best['state_gib']:.1f} GiB per GPU with activations"
+    return f"choose {best['layout']}: {memory}; {where}"
