@@ -1,11 +1,10 @@
 """Negative controls of chapter 5: each verdict it prints, shown failing on a fault.
 
-The chapter's verdicts: step 0's "the fastest pipelined split beats the naive
-split" (`pp.faster_than_naive`), step 4's "held what in_flight predicts"
+The chapter's verdicts: step 4's "held what in_flight predicts"
 (`pp.held_as_predicted`, from the runner's activation meter), and steps 5 and 6's
 "loss and all gradients <= 1e-06" (`checks.verdict` on the largest difference from
 one process) for our runners and torch's schedules. Here the same checks run on a
-planted fault: a sweep in which micro-batches only add cost; a runner that never
+planted fault: a runner that never
 frees a micro-batch's activations; and a loss summed over the micro-batches instead
 of averaged (every gradient m times too large). The rank checks share one spawn of 2
 ranks; the chapter's model is the same (Linear + ReLU blocks, width 16).
@@ -35,21 +34,6 @@ ON_GLOO = tuple(
     for name in SCHEDULES
     if CLASSES[name][1] != "V" or torchcompat.V_SCHEDULES_ON_GLOO
 )
-
-
-@pytest.mark.controls(
-    "05_pipeline",
-    r"the fastest pipelined split beats the naive split",
-    fault="micro-batches that add a fixed cost and overlap nothing",
-)
-def test_a_sweep_that_overlaps_nothing_does_not_beat_naive() -> None:
-    naive = 1.0  # seconds; each split pays the naive work plus m fixed parts
-    sweep = {m: naive + m * 0.02 for m in (2, 4, 8, 16)}
-    beats = pp.faster_than_naive(naive, list(sweep.values()))
-    line = f"the fastest pipelined split beats the naive split by 1.1x or more: {beats}"
-    assert line.endswith(": False")
-    assert not pp.faster_than_naive(naive, [1.2, 0.95])  # 1.05x: within the noise
-    assert pp.faster_than_naive(naive, [1.2, 0.8])  # and a real overlap passes
 
 
 def _loss_times_m(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -131,22 +131,6 @@ def micro_batch_cost(
     return fixed, per_sample
 
 
-def faster_than_naive(
-    naive: float, pipelined: Sequence[float], margin: float = 1.1
-) -> bool:
-    """Did the fastest pipelined run (seconds) beat the naive split's by `margin`?
-
-    A timing verdict needs room: the best split must take at most naive / margin,
-    so noise of a few percent cannot flip it. On 2 CPU ranks the chapter's sweep
-    beat the naive split 1.26x and 1.5x in two runs here, and 1.17x in one run with
-    two busy processes beside it: tests/test_book_timing_load.py holds at 1.1 three
-    runs in a row under that load, and failed at 1.2. The tutorial's GPUs: 1.65x.
-    """
-    if margin < 1:
-        raise ValueError(f"margin {margin} < 1 would pass a pipeline slower than naive")
-    return min(pipelined) * margin <= naive
-
-
 def held_as_predicted(
     meter: ActivationMeter, schedule: schedules.Schedule, rank: int
 ) -> bool:
