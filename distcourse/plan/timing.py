@@ -55,8 +55,8 @@ dense, dp x cp experts), summed into dp. Grid (dp, pp, ep, cp, tp), tp
 innermost: cp in a node while t c <= GPUs per node, ep while t c ep does, pp
 while t c ep p does, dp while all the GPUs do.
 
-    step = compute + bubble + tp + pp + dp (+ cp + ep) (seconds; an upper bound:
-    nothing overlaps).
+    step = compute + bubble + tp + pp + dp (+ cp + ep) (seconds; a model, not a
+    bound: nothing overlaps, and no launch or framework overhead is counted).
 """
 
 from __future__ import annotations
