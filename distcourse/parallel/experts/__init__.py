@@ -6,7 +6,9 @@
 
 router: top-k routing with capacity, dropped assignments and the Switch
 Transformer's load-balancing loss; dispatch: the all_to_alls with uneven counts;
-layer: `MoE`, `shard_experts`; model: TinyGPT with MoE blocks on a (dp, ep) mesh;
+layer: `MoE`, `shard_experts`; dropless: `DroplessMoE` (no capacity, experts as
+one grouped matmul, shared experts, sigmoid routing balanced by a bias), with its
+checks in dropless_check; model: TinyGPT with MoE blocks on a (dp, ep) mesh;
 cost: bytes per step (ledger convention and exact) and memory per rank; check:
 against one process, and the verdict lines.
 """
@@ -19,6 +21,15 @@ from distcourse.parallel.experts.check import (
     model_against_one_process,
 )
 from distcourse.parallel.experts.dispatch import Traffic, all_to_all_rows
+from distcourse.parallel.experts.dropless import (
+    DroplessMoE,
+    grouped_mm,
+    shard_dropless,
+)
+from distcourse.parallel.experts.dropless_check import (
+    dropless_against_one_process,
+    dropless_lines,
+)
 from distcourse.parallel.experts.layer import MoE, check_experts, shard_experts
 from distcourse.parallel.experts.model import (
     MoEConfig,
@@ -33,6 +44,7 @@ from distcourse.parallel.experts.router import Routing, capacity, route
 
 __all__ = [
     "TOL",
+    "DroplessMoE",
     "MoE",
     "MoEConfig",
     "Routing",
@@ -43,6 +55,9 @@ __all__ = [
     "capacity",
     "check_experts",
     "cost",
+    "dropless_against_one_process",
+    "dropless_lines",
+    "grouped_mm",
     "layer_against_one_process",
     "lines",
     "model_against_one_process",
@@ -51,5 +66,6 @@ __all__ = [
     "moe_loss",
     "parallelize",
     "route",
+    "shard_dropless",
     "shard_experts",
 ]

@@ -3,9 +3,11 @@
 Every rank of the group calls them. `layer_against_one_process` runs one MoE layer
 over an ep group and the same layer alone (routing the same groups, so capacity
 drops the same tokens) and compares outputs, the loss, gradients, the dropped
-assignments and the ledger's bytes. `model_against_one_process` trains a MoE
-TinyGPT on a (dp, ep) mesh and alone with SGD, and compares the first step's
-gradients and the parameters after the last. `lines` prints the verdicts.
+assignments and the ledger's bytes against a formula counted from the one
+process's routing of the whole batch (not from the split sizes the ranks sent).
+`model_against_one_process` trains a MoE TinyGPT on a (dp, ep) mesh and alone
+with SGD, and compares the first step's gradients and the parameters after the
+last. `lines` prints the verdicts.
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def layer_against_one_process(
         ref = alone.experts[moe.first + i]
         pairs = zip(e.parameters(), ref.parameters(), strict=True)
         grads += [(p.grad, q.grad) for p, q in pairs]
+    expert, token = (t.tolist() for t in alone.routed)  # the whole batch's routing
+    matrix = cost.dispatch_matrix(expert, token, tokens, n_experts // n, n)
     load, served = moe.load.clone(), moe.served.clone()
     dist.all_reduce(load, group=group)
     dist.all_reduce(served, group=group)
@@ -107,7 +111,7 @@ def layer_against_one_process(
         "room": n * capacity(tokens, n_experts, top_k, capacity_factor),
         "aux": alone.aux.item(),
         "bytes": ledger.bytes_sent(),
-        "formula": cost.step_bytes(t),
+        "formula": cost.routed_bytes(matrix, me, n_experts, n_embd * 4),
         "sent": list(t.sent),
         "received": list(t.received),
     }

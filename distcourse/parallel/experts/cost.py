@@ -24,6 +24,8 @@ So an even router that drops nothing sends 4(n-1)/n k T row + 8E(n-1)/n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from distcourse.parallel.experts.dispatch import Traffic
 from distcourse.parallel.experts.router import capacity
 
@@ -79,3 +81,45 @@ def memory_per_rank(
         "gate": n_embd * n_experts * dtype_bytes,
         "buffers": 2 * room * ep * local * n_embd * dtype_bytes,
     }
+
+
+def dispatch_matrix(
+    expert: Sequence[int],
+    token: Sequence[int],
+    tokens_per_rank: int,
+    local: int,
+    n: int,
+) -> list[list[int]]:
+    """(n, n) rows rank s sends rank q, counted from a whole batch's assignments:
+    token t lives on rank t // tokens_per_rank, expert e on rank e // local. The
+    formula's side of the ledger check, counted from the routing, not from the
+    split sizes the dispatch sent."""
+    m = [[0] * n for _ in range(n)]
+    for e, t in zip(expert, token, strict=True):
+        m[t // tokens_per_rank][e // local] += 1
+    return m
+
+
+def routed_bytes(matrix: list[list[int]], rank: int, n_experts: int, row: int) -> int:
+    """One layer's step on `rank` (forward and backward) from the dispatch matrix:
+    8E(n-1)/n + 2 (rows to other ranks + rows from other ranks) * row bytes."""
+    n = len(matrix)
+    away = sum(matrix[rank]) - matrix[rank][rank]
+    come = sum(r[rank] for r in matrix) - matrix[rank][rank]
+    return 8 * n_experts * (n - 1) // n + 2 * (away + come) * row
+
+
+def dropless_buffers(
+    tokens: int,
+    n_embd: int,
+    n_experts: int,
+    top_k: int,
+    ep: int,
+    dtype_bytes: int = 4,
+) -> int:
+    """The worst case of the rows a dropless layer's rank receives (and sends
+    back): every token of the ep ranks routed to this rank's E / ep experts, at
+    most min(k, E / ep) assignments per token, each row in and out. No capacity
+    bounds it: the buffer is sized per step from the counts."""
+    rows = min(top_k, n_experts // ep) * tokens * ep
+    return 2 * rows * n_embd * dtype_bytes

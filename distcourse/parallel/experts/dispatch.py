@@ -13,6 +13,7 @@ backward is the same exchange with the counts swapped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,23 +83,34 @@ class Traffic:
     counts: int
 
 
+RowsA2A = Callable[[Tensor, list[int], list[int], Group], Tensor]
+
+
 def to_experts(
-    rows: Tensor, expert: Tensor, experts: nn.ModuleList, first: int, group: Group
+    rows: Tensor,
+    expert: Tensor,
+    experts: nn.ModuleList,
+    first: int,
+    group: Group,
+    a2a: RowsA2A = all_to_all_rows,
 ) -> tuple[Tensor, Traffic | None]:
     """Rows sorted by global expert index -> each row's expert output, in the same
-    order. Without a group (or a group of one), every expert is local."""
+    order. Without a group (or a group of one), every expert is local. `a2a`
+    moves the rows (`all_to_all_rows`; a test plants a fault in another)."""
     if group is None or dist.get_world_size(group) == 1:
         return apply_experts(rows, expert - first, experts), None
     n, local = dist.get_world_size(group), len(experts)
     per_expert = torch.bincount(expert, minlength=n * local)  # (E,)
     incoming = exchange_counts(per_expert, group)  # (n, E/n)
+    # .tolist() waits for the device (a host sync): all_to_all_single takes its
+    # split sizes as Python ints, and the output's size must be known to allocate
     send = per_expert.view(n, local).sum(dim=1).tolist()
     recv = incoming.sum(dim=1).tolist()
-    arrived = all_to_all_rows(rows, send, recv, group)  # (sum(recv), C)
+    arrived = a2a(rows, send, recv, group)  # (sum(recv), C)
     ids = torch.arange(local, device=rows.device).repeat(n)
     ids = torch.repeat_interleave(ids, incoming.reshape(-1))
     out = apply_experts(arrived, ids, experts)
-    back = all_to_all_rows(out, recv, send, group)  # (sum(send), C)
+    back = a2a(out, recv, send, group)  # (sum(send), C)
     row_bytes = rows.shape[1] * rows.element_size()
     rank = dist.get_rank(group)
     traffic = Traffic(tuple(send), tuple(recv), rank, row_bytes, n * local)

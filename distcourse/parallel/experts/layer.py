@@ -18,7 +18,13 @@ from torch import Tensor, nn
 
 from distcourse.comm.agree import agree_tensors
 from distcourse.examples.gpt import MLP
-from distcourse.parallel.experts.dispatch import Group, Traffic, to_experts
+from distcourse.parallel.experts.dispatch import (
+    Group,
+    RowsA2A,
+    Traffic,
+    all_to_all_rows,
+    to_experts,
+)
 from distcourse.parallel.experts.router import Routing, check_router, route
 
 
@@ -28,7 +34,9 @@ class MoE(nn.Module):
     After a forward: `aux` the load-balancing loss (mean over groups), `load`
     (E,) assignments per expert before drops, `served` (E,) after them, `kept`
     each assignment's flag (slot-major, group by group), `dropped` how many not,
-    `traffic` the rows this rank exchanged (None in one process).
+    `traffic` the rows this rank exchanged (None in one process), `routed` the
+    kept assignments (expert, token), unsorted. `a2a` moves the rows (an
+    attribute, so a test can plant a fault in it).
     """
 
     def __init__(
@@ -53,6 +61,8 @@ class MoE(nn.Module):
         self.kept = torch.zeros(0, dtype=torch.bool)
         self.served = torch.zeros(n_experts, dtype=torch.long)
         self.traffic: Traffic | None = None
+        self.routed = (torch.zeros(0, dtype=torch.long),) * 2
+        self.a2a: RowsA2A = all_to_all_rows
 
     def route(self, flat: Tensor) -> Routing:
         """Route `groups` equal groups of the tokens (T, C); one Routing for all."""
@@ -80,10 +90,11 @@ class MoE(nn.Module):
         flat = x.reshape(-1, x.shape[-1])  # (T, C)
         r = self.route(flat)
         expert, token, weight = r.expert[r.kept], r.token[r.kept], r.weight[r.kept]
+        self.routed = (expert.detach(), token.detach())
         order = torch.argsort(expert, stable=True)  # rows grouped by expert
         expert, token, weight = expert[order], token[order], weight[order]
         out, self.traffic = to_experts(
-            flat[token], expert, self.experts, self.first, self.group
+            flat[token], expert, self.experts, self.first, self.group, self.a2a
         )
         y = torch.zeros_like(flat).index_add(0, token, weight[:, None] * out)
         self.aux, self.load = r.aux, r.load.detach()
