@@ -323,3 +323,26 @@ def test_sharded_ddp_names_a_buffer_of_another_shape(disagreeing: list[dict]) ->
     assert said[0] == said[1]
     assert "ShardedDDP: rank(s) [1] differ from rank 0" in said[0]
     assert "scale float32[3] where rank 0 has scale float32[2]" in said[0]
+
+
+def test_expected_shares_come_from_the_shapes_as_torch_would_cut_them() -> None:
+    from distcourse.parallel.zero.memory import expected_share
+
+    shapes = [(10, 6), (10,), (7, 10), (7,), (3, 7), (3,)]  # chapter 9's MLP
+    tensors = [torch.zeros(s) for s in shapes]
+    owned = greedy([tensors], world=4)  # the package's partition, for comparison
+    for rank in range(4):
+        mine = owned[rank][0]
+        assert expected_share(shapes, 4, rank, 1) == (
+            sum(t.numel() for t in mine),
+            len(mine),
+        )
+        pieces = [
+            t.chunk(4)[rank] if rank < len(t.chunk(4)) else t[:0] for t in tensors
+        ]
+        assert expected_share(shapes, 4, rank, 3) == (
+            sum(p.numel() for p in pieces),
+            6,
+        )
+    assert expected_share(shapes, 4, 3, 0) == (171, 6)
+    assert [expected_share(shapes, 4, r, 3)[0] for r in range(4)] == [51, 51, 51, 18]

@@ -23,6 +23,7 @@ from distcourse.mesh import Mesh
 from distcourse.parallel import fsdp, hybrid, zero
 from distcourse.parallel.ddp import DDP
 from distcourse.parallel.hybrid import fsdp_tp
+from distcourse.parallel.zero.memory import expected_share
 
 
 class Unsynced(zero.ZeroRedundancyOptimizer):
@@ -201,9 +202,9 @@ def _bytes(rank: int) -> dict[str, str]:
     opt = ex.optimizer("AdamW", dp.parameters())
     ex.train(DDP(dp), opt, rank, steps=1)
     total = sum(p.numel() for p in dp.parameters())
-    part = _zero(ex.uneven_mlp(), "AdamW").partition
-    mine = (part.numel[rank], len(part.flat[rank]))
-    for stage in (1, 2):
+    shapes = [tuple(p.shape) for p in dp.parameters()]
+    for stage in (1, 2):  # a ZeRO that keeps every state: the chapter's shares
+        mine = expected_share(shapes, 4, rank, stage)
         got, want = zero.held(dp.parameters(), opt), zero.formula(stage, total, *mine)
         lines[f"held {stage}"] = (
             f"bytes held by kind = ZeRO-{stage}'s formula: {got == want}"
@@ -218,11 +219,11 @@ def _bytes(rank: int) -> dict[str, str]:
     want = zero.step_bytes(2, opt1.partition.numel, opt1.partition.width, rank)
     sent = ledger.bytes_sent()
     lines["wire 2"] = f"wire bytes of a step {sent} = ZeRO-2's formula: {sent == want}"
-    z2 = ex.uneven_mlp()  # ZeRO-3's formula, on ZeRO-2 (parameters whole)
-    opt2 = _zero(z2, "AdamW")
-    ex.train(zero.ShardedDDP(z2, opt2), opt2, rank, steps=1)
-    share = sum(p.numel() for p in z2.parameters()) // 4
-    got, want = zero.held(z2.parameters(), opt2), zero.formula(3, 0, share, 6)
+    never = ex.uneven_mlp()  # ZeRO-3's formula, on an FSDP that never shards
+    opt3 = ex.optimizer("AdamW", never.parameters())
+    ex.train(DDP(never), opt3, rank, steps=1)
+    want = zero.formula(3, total, *expected_share(shapes, 4, rank, 3))
+    got = zero.held(never.parameters(), opt3)
     lines["held 3"] = f"bytes held by kind = ZeRO-3's formula: {got == want}"
     f3 = _sharded(ex.uneven_mlp())  # FSDP whose model runs twice in a step
     twice = nn.Sequential(f3, nn.Linear(3, 6), f3)
@@ -327,8 +328,8 @@ def test_wrong_rows_or_unsent_shards_fail_with_adamw(lines: dict[str, str]) -> N
 @pytest.mark.controls(
     "09_zero_fsdp",
     r"bytes held by kind = (DP|ZeRO-[123])'s formula",
-    fault="the stage below measured (DP's formula: ZeRO-1 measured), state, "
-    "gradients or parameters kept whole",
+    fault="ZeRO-1 measured against DP's formula; a ZeRO-1/2 that keeps every "
+    "state; an FSDP that never shards (shares from the shapes, as the chapter's)",
 )
 def test_a_stage_that_keeps_state_whole_fails_its_formula(
     lines: dict[str, str],

@@ -10,7 +10,8 @@ AdamW adds a 4-byte step counter per parameter tensor it steps.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch.optim import Optimizer
@@ -46,6 +47,34 @@ def formula(stage: int, total: int, share: int, tensors: int) -> dict[str, int]:
         gradients=FP32 * (share if stage >= 2 else total),
         optimizer=ADAMW_STATE * (total if stage == 0 else share) + STEP * tensors,
     )
+
+
+def expected_share(
+    shapes: Sequence[Sequence[int]], world: int, rank: int, stage: int
+) -> tuple[int, int]:
+    """(numbers, tensors) that `rank` of `world` steps at ZeRO `stage`, from the
+    parameters' shapes alone, for `formula`'s share: written apart from the code that
+    shards, so that a sharding that keeps too much cannot pass by measuring itself.
+
+    DP steps everything. ZeRO-1/2 (torch's rule): whole tensors, largest first, each
+    to the rank holding the fewest numbers so far (the lowest rank on a tie). ZeRO-3:
+    every tensor cut along dim 0 as `torch.chunk` cuts it (ceil(rows / world) rows a
+    piece, the last ones short or empty), each rank stepping a piece of every tensor.
+    """
+    sizes = [math.prod(s) for s in shapes]
+    if stage == 0:
+        return sum(sizes), len(sizes)
+    if stage == 3:
+        share = 0
+        for shape in shapes:
+            rows, width = (shape[0], math.prod(shape[1:])) if shape else (1, 1)
+            piece = -(-rows // world)  # torch.chunk's rows per piece
+            share += max(0, min(piece, rows - rank * piece)) * width
+        return share, len(sizes)
+    owned: list[list[int]] = [[] for _ in range(world)]
+    for size in sorted(sizes, reverse=True):
+        min(owned, key=sum).append(size)
+    return sum(owned[rank]), len(owned[rank])
 
 
 def _bytes(tensor: torch.Tensor) -> int:
