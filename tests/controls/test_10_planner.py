@@ -89,6 +89,49 @@ class AmsgradPrecision(precision.MixedPrecision):
         self.optimizer = torch.optim.AdamW(self.master, lr=lr, amsgrad=True)
 
 
+class SummedPrecision(precision.MixedPrecision):
+    """Gradients summed over the ranks: the mean multiplied back by the world."""
+
+    def step(self, loss_of) -> float:  # noqa: ANN001
+        loss = super().step(loss_of)
+        for p in self.params:
+            p.grad *= dist.get_world_size()
+        return loss
+
+
+class LocalPrecision(precision.MixedPrecision):
+    """No all-reduce at all: each rank keeps its own quarter's gradient."""
+
+    def __init__(self, model: nn.Module, lr: float, **options) -> None:  # noqa: ANN003
+        super().__init__(model, lr, dist.new_group([dist.get_rank()]), **options)
+
+
+def _step_one(found: dict[str, str], mine: list) -> None:
+    """The chapter's step-1 gradient check, on a sum and on no all-reduce."""
+    device = runtime.device()
+    torch.manual_seed(0)
+    one = TinyGPT().to(device)
+    whole = [t.to(device) for t in token_batches(60, 8)[0]]
+    lm_loss(one(whole[0]), whole[1]).backward()
+    want = torch.cat([p.grad.reshape(-1) for p in one.parameters()])
+    for name, cls in (
+        ("right", precision.MixedPrecision),
+        ("summed", SummedPrecision),
+        ("local", LocalPrecision),
+    ):
+        torch.manual_seed(0)
+        model = TinyGPT().to(device)
+        mp = cls(model, 3e-3, param_dtype=BF16, master=True)
+        mp.step(lambda m: lm_loss(m(mine[0][0]), mine[0][1]))
+        got = torch.cat([p.grad.float().reshape(-1) for p in model.parameters()])
+        rel = checks.max_over_ranks(((got - want).norm() / want.norm()).item())
+        found[f"step-1 {name}"] = (
+            f"step-1 gradient vs one process, relative to its norm "
+            f"{checks.verdict(rel, 5e-2)}"
+        )
+        found[f"step-1 {name} value"] = f"{rel:.4f}"
+
+
 def _curve(mp: precision.MixedPrecision, mine: list) -> list[float]:
     curve = torch.tensor(
         [mp.step(lambda m, x=x, y=y: lm_loss(m(x), y)) for x, y in mine],
@@ -104,6 +147,7 @@ def _precision(found: dict[str, str]) -> None:
         tuple(t.chunk(n)[rank].to(device) for t in batch)
         for batch in token_batches(60, 8)
     ]
+    _step_one(found, mine)
     shapes = [p.numel() for p in TinyGPT().parameters()]
     numel, tensors = sum(shapes), len(shapes)
     curves = {}
@@ -311,3 +355,17 @@ def test_a_run_measured_on_a_slice_differs_from_the_plan() -> None:
         all(p.memory[kind] == held[kind] for kind in held) and p.memory["buffers"] == 0
     )
     assert not same
+
+
+@pytest.mark.controls(
+    "10_planner",
+    r"step-1 gradient vs one process, relative to its norm",
+    fault="bf16 gradients summed over the ranks (4x the mean), or never all-reduced",
+)
+def test_a_summed_or_missing_all_reduce_fails_the_step_1_gradient(
+    faults: dict[str, str],
+) -> None:
+    assert faults["step-1 right"].endswith("PASS"), faults["step-1 right value"]
+    assert float(faults["step-1 right value"]) < 2e-2  # bf16's rounding, with room
+    for name in ("summed", "local"):
+        assert _fails(faults[f"step-1 {name}"]), faults[f"step-1 {name} value"]
