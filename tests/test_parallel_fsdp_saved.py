@@ -109,6 +109,9 @@ def test_resharding_frees_the_saved_weights_and_keeping_does_not(
     # kept gathered, the peak is every unit at once; resharded, one unit
     got = results[0][4, 3, False][0]
     assert got["gathered_peak"] > results[0][4, 3, True][0]["gathered_peak"]
+    # kept gathered, every unit's buffer is held after forward, the first layer's
+    # too, whose weight autograd did not save (once counted as saved only)
+    assert got["gathered_after"] == got["gathered_peak"] > got["gathered"]
 
 
 def test_chapter_4s_count_takes_gathered_weights_for_activations(

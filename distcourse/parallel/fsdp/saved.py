@@ -14,9 +14,10 @@ saved storage, counted once with its whole size, into
 - gathered: a unit's all-gather buffer, the bytes it held when saved (FSDP);
 
 and also measures `gathered_peak`, the most bytes of gathered buffers alive at any
-save, and `gathered_after`, what the saved buffers still hold when forward returns:
-0 with `reshard_after_forward=True` (FSDP2's default: the views stay, the bytes go,
-and backward gathers them again), all of them with False.
+save, and `gathered_after`, what every unit's buffer still holds when forward
+returns: 0 with `reshard_after_forward=True` (the views stay, the bytes go, and
+backward gathers them again), every unit's whole buffer with False, the first
+layer's too although autograd saved no weight of it (its input needs no gradient).
 
 `saved_formula` is what these must be for a Sequential of Linear layers and
 elementwise activations that save their output (Tanh), per rank, `rows` rows each:
@@ -70,7 +71,7 @@ def saved_bytes(net: nn.Module, x: Tensor) -> tuple[dict[str, int], Tensor]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = net(x)
-    counts["gathered_after"] = sum(_buffer_bytes(u) for u in saved_units)
+    counts["gathered_after"] = _live_bytes(sharded)  # held, saved by autograd or not
     return counts, out
 
 
@@ -99,7 +100,7 @@ def saved_formula(
         out["gathered_peak"] = max(buffers[1:], default=0)
     else:
         out["gathered_peak"] = sum(buffers) if later else 0
-        out["gathered_after"] = out["gathered"]
+        out["gathered_after"] = sum(buffers)
     return out
 
 
