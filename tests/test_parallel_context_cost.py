@@ -1,8 +1,11 @@
 """What one process's fused attention keeps for backward, the reference chapter
 12b's memory check divides: measured on the CPU's kernel, and for CUDA's kernel
-checked against torch's own shape function of it (no GPU here)."""
+checked against torch's own shape function of it (no GPU here); and the defaults of
+torch's context_parallel that the chapter states, read from the installed torch."""
 
 from __future__ import annotations
+
+import inspect
 
 import pytest
 import torch
@@ -37,3 +40,24 @@ def test_the_cuda_count_is_what_torchs_shape_function_makes(shape: tuple) -> Non
     padding = B * H * (-T % 32) * 4
     cpu = cpx.full_attention_formula(*shape)
     assert want - cpu == padding + 16  # the padded log-sum-exp, the seed, the offset
+
+
+def test_torchs_context_parallel_defaults_are_what_the_chapter_says() -> None:
+    """torch's context_parallel (the chapter's "Side by side"): K/V all-gathered by
+    default, dK/dV passed on step by step whatever the method, and its load
+    balancer, on by default, refusing a non-causal mask. Read from the installed
+    torch, so a torch that changes them fails here first."""
+    from torch.distributed.tensor.experimental._context_parallel import (
+        _attention as cp,
+    )
+
+    assert cp._cp_options.rotate_method == cp._RotateMethod.ALL_GATHER
+    assert cp._cp_options.enable_load_balance is True
+    gather = inspect.getsource(cp._AllGatherRotater)
+    assert "Only one communication will be done" in gather
+    backward = inspect.getsource(cp._templated_ring_attention_backward)
+    assert "_create_rotater(group, 2, method=_RotateMethod.ALL_TO_ALL)" in backward
+    refusal = 'raise RuntimeError("Load balancing requires `is_causal=True`.")'
+    assert refusal in backward
+    assert refusal in inspect.getsource(cp._templated_ring_attention)
+    assert callable(cp.set_rotate_method)

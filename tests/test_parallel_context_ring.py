@@ -1,6 +1,7 @@
 """Ring attention on real gloo ranks (2 and 4): equal to one process's attention
 (output and the gradients of q, k, v within 1e-5, fp32), causal or not, zig-zag or
-contiguous; the ledger's wire bytes, the bytes kept for backward and the blocks
+contiguous, and with grouped-query K/V (4 and 2 heads for 8 of q; SDPA's
+enable_gqa); the ledger's wire bytes, the bytes kept for backward and the blocks
 computed equal to their formulas; torch's context_parallel cuts the sequence as our
 zig-zag does (its attention needs CUDA kernels); bad input refused before any
 collective."""
@@ -17,13 +18,15 @@ from distcourse.parallel import context as cpx
 from distcourse.parallel.context import check, torch_side
 
 SHAPE = (2, 2, 16, 4)  # B, H, T, D
+GQA = (2, 8, 16, 4)  # 8 heads of q; K/V with 4 (GQA) or 1 (MQA)
 
 
 def _refusals() -> dict[str, str]:
     """How each bad call ended, and whether anything was sent before it did."""
     q = torch.randn(1, 4, 4, 2)
     cases = {
-        "heads": lambda: cpx.ring_attention(q, torch.randn(1, 2, 4, 2), q),
+        "heads": lambda: cpx.ring_attention(q, *[torch.randn(1, 3, 4, 2)] * 2),
+        "k not v": lambda: cpx.ring_attention(q, torch.randn(1, 2, 4, 2), q),
         "odd": lambda: cpx.ring_attention(*[torch.randn(1, 2, 3, 2)] * 3),
         "layout": lambda: cpx.ring_attention(q, q, q, layout="spiral"),
         "3-d": lambda: cpx.ring_attention(q[0], q[0], q[0]),
@@ -56,6 +59,12 @@ def _run() -> dict[str, object]:
             out["cost", causal, layout] = check.wire_and_memory(
                 SHAPE, causal=causal, layout=layout
             )
+    for kv_heads in (4, 1):
+        for causal in (True, False):
+            out["gqa", kv_heads, causal] = check.against_full_attention(
+                GQA, causal=causal, kv_heads=kv_heads
+            )
+        out["gqa cost", kv_heads] = check.wire_and_memory(GQA, kv_heads=kv_heads)
     x = torch.arange(16.0).view(1, 1, 16, 1)
     rank, cp = dist.get_rank(), dist.get_world_size()
     out["torch shard"] = torch.equal(torch_side.shard(x, 2), cpx.shard(x, 2, cp, rank))
@@ -98,6 +107,28 @@ def test_bytes_memory_and_blocks_equal_their_formulas(
         assert len(set(blocks)) == 1
 
 
+@pytest.mark.parametrize("kv_heads", [4, 1])
+@pytest.mark.parametrize("causal", [True, False])
+def test_grouped_query_attention_equals_sdpa_with_enable_gqa(
+    runs: list, causal: bool, kv_heads: int
+) -> None:
+    for out in runs:
+        diffs = out["gqa", kv_heads, causal]
+        assert max(diffs.values()) <= 1e-5, diffs
+
+
+@pytest.mark.parametrize("kv_heads", [4, 1])
+def test_grouped_query_k_v_send_and_keep_fewer_bytes(runs: list, kv_heads: int) -> None:
+    B, H, T, D = GQA
+    cp = len(runs)
+    for out in runs:
+        cost = out["gqa cost", kv_heads]
+        for what, (measured, formula) in cost.items():
+            assert measured == formula, (what, measured, formula)
+        kv = B * kv_heads * (T // cp) * D * 4  # only K/V's own heads travel
+        assert cost["wire"][0] == cpx.ring_bytes(kv, cp)
+
+
 def test_torch_cuts_as_zigzag_and_its_attention_needs_cuda(runs: list) -> None:
     for out in runs:
         assert out["torch shard"] is True
@@ -108,7 +139,9 @@ def test_torch_cuts_as_zigzag_and_its_attention_needs_cuda(runs: list) -> None:
 def test_bad_input_is_refused_before_any_collective(runs: list) -> None:
     for out in runs:
         got = out["refused"]
-        assert "q has 4 heads but k has 2" in got["heads"]
+        assert "q has 4 heads but k and v have 3" in got["heads"]
+        assert "grouped-query attention needs k's heads to divide q's" in got["heads"]
+        assert "v is torch.float32[1, 4, 4, 2]" in got["k not v"]
         assert "does not split into 2 x cp" in got["odd"]
         assert "layout='spiral'" in got["layout"]
         assert "must be (B, H, L, D)" in got["3-d"]

@@ -5,7 +5,10 @@ every rank draws alike, and compares it with one process's
 `F.scaled_dot_product_attention` on the whole sequence: the output and the
 gradients of q, k and v, this rank's tokens against the same tokens of the whole,
 the largest difference over every rank. `wire_and_memory` measures what one call
-sends and keeps for backward, next to the formulas of `cost`.
+sends and keeps for backward, next to the formulas of `cost`; `ulysses_cost` the
+same for Ulysses; `timings` times ring, Ulysses and one process. `kv_heads` (default:
+q's heads) gives k and v fewer heads (grouped-query attention); the reference is then
+SDPA with enable_gqa=True.
 """
 
 from __future__ import annotations
@@ -16,31 +19,39 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from distcourse import checks, runtime
+from distcourse import checks, clock, runtime
 from distcourse.comm.agree import Group, members
 from distcourse.comm.ledger import Ledger
 from distcourse.parallel.context.cost import (
     ring_bytes,
     saved_bytes,
     saved_bytes_formula,
+    ulysses_bytes,
     work_blocks,
 )
 from distcourse.parallel.context.ring import Work, ring_attention
 from distcourse.parallel.context.split import shard
+from distcourse.parallel.context.ulysses import ulysses_attention
 
 Shape = tuple[int, int, int, int]  # (B, H, T, D) of the whole sequence
 Attention = Callable[..., Tensor]
 
 
 def inputs(
-    shape: Shape, seed: int = 0, device: torch.device | str | None = None
+    shape: Shape,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    kv_heads: int | None = None,
 ) -> list[Tensor]:
     """q, k, v and an output weight w (for a loss sum(out * w)), whole, seeded:
     the same on every rank, drawn on the host and moved to `device` (default: the
-    rank's)."""
+    rank's); k and v with `kv_heads` heads."""
     device = runtime.device() if device is None else device
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=gen).to(device) for _ in range(4)]
+    B, H, T, D = shape
+    kv = (B, H if kv_heads is None else kv_heads, T, D)
+    shapes = [shape, kv, kv, shape]
+    return [torch.randn(s, generator=gen).to(device) for s in shapes]
 
 
 def against_full_attention(
@@ -51,12 +62,14 @@ def against_full_attention(
     layout: str = "zigzag",
     attention: Attention = ring_attention,
     seed: int = 0,
+    kv_heads: int | None = None,
 ) -> dict[str, float]:
     """max |ring - full| of out, dq, dk, dv over every rank (a collective)."""
     g = members(group, "against_full_attention")
-    q, k, v, w = inputs(shape, seed)
+    q, k, v, w = inputs(shape, seed, kv_heads=kv_heads)
     whole = [t.clone().requires_grad_() for t in (q, k, v)]
-    full = F.scaled_dot_product_attention(*whole, is_causal=causal)
+    gqa = {"enable_gqa": True} if k.size(1) != q.size(1) else {}
+    full = F.scaled_dot_product_attention(*whole, is_causal=causal, **gqa)
     (full * w).sum().backward()
 
     def mine(t: Tensor) -> Tensor:
@@ -80,13 +93,15 @@ def wire_and_memory(
     causal: bool = True,
     layout: str = "zigzag",
     attention: Attention = ring_attention,
+    kv_heads: int | None = None,
 ) -> dict[str, tuple[int, int]]:
     """(measured, formula) on this rank for one call: wire bytes of forward and
     backward (`ledger`), bytes kept for backward (saved-tensor hooks), blocks of
     scores computed (`Work`)."""
     g = members(group, "wire_and_memory")
     B, H, T, D = shape
-    q, k, v, w = (shard(t, 2, g.size, g.rank, layout) for t in inputs(shape))
+    whole = inputs(shape, kv_heads=kv_heads)
+    q, k, v, w = (shard(t, 2, g.size, g.rank, layout) for t in whole)
     local = [t.requires_grad_() for t in (q, k, v)]
     work = Work()
 
@@ -100,22 +115,98 @@ def wire_and_memory(
     kv = k.numel() * k.element_size()
     return {
         "wire": (ledger.bytes_sent(), ring_bytes(kv, g.size)),
-        "kept": (kept, saved_bytes_formula(B, H, T, D, g.size)),
+        "kept": (kept, saved_bytes_formula(B, H, T, D, g.size, kv_heads=k.size(1))),
         "blocks": (work.blocks, work_blocks(g.size, g.rank, layout, causal)),
     }
 
 
 def full_attention_kept(
-    shape: Shape, causal: bool = True, device: torch.device | str | None = None
+    shape: Shape,
+    causal: bool = True,
+    device: torch.device | str | None = None,
+    kv_heads: int | None = None,
 ) -> int:
     """Bytes PyTorch's fused attention keeps for backward on one process, for the
     whole sequence, measured on `device` (default: the rank's). What the kernel
     keeps depends on the device (`cost.full_attention_formula`): the CPU's keeps
     exactly cp times what a rank of ring attention keeps, CUDA's more. No messages.
     """
-    q, k, v, _ = (t.requires_grad_() for t in inputs(shape, device=device))
+    made = inputs(shape, device=device, kv_heads=kv_heads)
+    q, k, v, _ = (t.requires_grad_() for t in made)
+    gqa = {"enable_gqa": True} if k.size(1) != q.size(1) else {}
 
     def run(*qkv: Tensor) -> Tensor:
-        return F.scaled_dot_product_attention(*qkv, is_causal=causal)
+        return F.scaled_dot_product_attention(*qkv, is_causal=causal, **gqa)
 
     return saved_bytes(run, q, k, v)
+
+
+def ulysses_cost(
+    shape: Shape,
+    group: Group = None,
+    *,
+    kv_heads: int | None = None,
+    causal: bool = True,
+    attention: Attention = ulysses_attention,
+) -> dict[str, tuple[int, int]]:
+    """(measured, formula) on this rank for one Ulysses call: wire bytes of forward
+    and backward (`ledger`, all_to_alls counted from their pieces), bytes kept for
+    backward (the formula is the CPU kernel's count); "share": cp times the bytes
+    kept against what SDPA keeps on one process for the whole sequence, both on the
+    rank's device (its kernel decides); "ring": ring attention's wire bytes by
+    formula, against Ulysses's."""
+    g = members(group, "ulysses_cost")
+    B, H, T, D = shape
+    whole = inputs(shape, kv_heads=kv_heads)
+    q, k, v, w = (shard(t, 2, g.size, g.rank) for t in whole)
+    local = [t.requires_grad_() for t in (q, k, v)]
+
+    def run(*qkv: Tensor) -> Tensor:
+        return attention(*qkv, group, causal=causal)
+
+    kept = saved_bytes(run, *local)
+    with Ledger() as ledger:
+        (run(*local) * w).sum().backward()
+    size = [t.numel() * t.element_size() for t in (q, k)]
+    return {
+        "wire": (ledger.bytes_sent(), ulysses_bytes(*size, g.size)),
+        "kept": (kept, saved_bytes_formula(B, H, T, D, g.size, kv_heads=k.size(1))),
+        "share": (kept * g.size, full_attention_kept(shape, causal, None, kv_heads)),
+        "ring": (ring_bytes(size[1], g.size), ulysses_bytes(*size, g.size)),
+    }
+
+
+def timings(
+    shape: Shape,
+    group: Group = None,
+    *,
+    kv_heads: int | None = None,
+    repeats: int = 3,
+) -> dict[str, float]:
+    """Seconds of one causal forward and backward, the best of `repeats`: ring and
+    Ulysses on every rank of `group` (the slowest rank), and SDPA of the whole
+    sequence on this rank alone (the ranks take turns: one at a time, as if alone)."""
+    g = members(group, "timings")
+    whole = [t.requires_grad_() for t in inputs(shape, kv_heads=kv_heads)[:3]]
+    local = [shard(t, 2, g.size, g.rank).detach().requires_grad_() for t in whole]
+    gqa = whole[1].size(1) != whole[0].size(1)
+
+    def one(fn: Callable[[], Tensor]) -> float:
+        return min(clock.timed(lambda: fn().sum().backward()) for _ in range(repeats))
+
+    took = {
+        "ring": one(lambda: ring_attention(*local, group)),
+        "ulysses": one(lambda: ulysses_attention(*local, group)),
+    }
+    took = {n: checks.max_over_ranks(t) for n, t in took.items()}
+
+    def sdpa() -> Tensor:
+        return F.scaled_dot_product_attention(*whole, is_causal=True, enable_gqa=gqa)
+
+    alone = 0.0
+    for r in range(g.size):  # one rank at a time, the others wait at the barrier
+        if r == g.rank:
+            alone = one(sdpa)
+        torch.distributed.barrier(group)
+    took["one process"] = checks.max_over_ranks(alone)
+    return took

@@ -1,4 +1,4 @@
-"""What ring attention costs one rank: wire bytes, memory kept for backward, work.
+"""What ring and Ulysses attention cost one rank: wire bytes, memory kept, work.
 
 **Bytes** (the book's convention: what this rank puts on the wire). Every pass of
 the ring is one `p2p.send_recv` to the right: the data, plus a 80-byte header this
@@ -10,15 +10,33 @@ this rank's K (= of its V), B·H·(T/cp)·D values:
                and one pass of dK, dV to their owner    + 2X + 160
     check      one all_gather of 112 bytes (agree)      112 (cp − 1)
 
+Under grouped-query attention X is K's bytes with its Hkv heads: only they travel.
+Ulysses (`ulysses.py`) moves, with X_q the bytes of this rank's q, in four
+all_to_alls (each sends the (cp − 1)/cp of its input addressed to other ranks):
+
+    forward    q, k, v in; out back                     (2X_q + 2X)(cp − 1)/cp
+    backward   dout in; dq, dk, dv back                 (2X_q + 2X)(cp − 1)/cp
+    sizes      two all_gathers of one int64 (forward)   2 · 8 (cp − 1)
+    check      as above                                 112 (cp − 1)
+
+Data alone: ring 6(cp − 1)X + 2X, growing with cp; Ulysses 4(X_q + X)(cp − 1)/cp,
+under 4(X_q + X) at any cp. With H = Hkv (X_q = X) Ulysses sends less from cp = 2 on
+(8X·½ = 4X against 8X); under GQA with X_q = g·X it sends more while
+4(g + 1)(cp − 1)/cp > 6cp − 4, at small cp and large g.
+
 **Memory kept for backward** (what the saved-tensor hooks see): q, k, v, out and one
 log-sum-exp per head and token, this rank's T/cp tokens only:
 (4·B·H·(T/cp)·D + B·H·T/cp) values, on any device (the ring is ours, not a
 kernel's). That is exactly 1/cp of what PyTorch's fused attention keeps on one
-process for the whole sequence on the CPU (q, k, v, out, lse). CUDA's kernel keeps
-more (`full_attention_formula`): fp32 runs its memory-efficient kernel, whose
-log-sum-exp is padded to a multiple of 32 tokens, plus its random-number state. Not
-kept, but alive during a step: the K/V message in use and the one arriving (4X
-bytes in the forward; in the backward, with dK and dV, 8X).
+process for the whole sequence on the CPU (q, k, v, out, lse). With Hkv K/V heads,
+k and v count Hkv heads. Ulysses keeps the same count: q, k, v, out and lse of all T
+tokens of its H/cp heads (and Hkv/cp K/V heads), saved by SDPA's CPU kernel.
+CUDA's kernel keeps more (`full_attention_formula`): fp32 runs its memory-efficient
+kernel, whose log-sum-exp is padded to a multiple of 32 tokens, plus its
+random-number state. Not kept, but alive during a step: the ring's K/V message in
+use and the one arriving (4X bytes in the forward; in the backward, with dK and dV,
+8X); Ulysses's q, k, v of its heads before and after the all_to_all (2(X_q + 2X)),
+and its kernel's scores for the whole sequence unless the kernel is a flash one.
 
 **Work**: blocks of c x c scores, c = T/(2·cp). The whole causal matrix has
 2cp(2cp + 1)/2 blocks that are not entirely masked. Rank r computes, for its query
@@ -56,12 +74,30 @@ def ring_bytes(
     return total + (AGREE * (cp - 1) if check else 0)
 
 
+def ulysses_bytes(q_bytes: int, kv_bytes: int, cp: int, *, check: bool = True) -> int:
+    """Wire bytes one rank sends for one Ulysses call, forward and backward (module
+    docstring); `q_bytes`, `kv_bytes`: this rank's q and its K alone."""
+    if cp == 1:
+        return 0
+    data = 4 * (q_bytes + kv_bytes) * (cp - 1) // cp
+    return data + 2 * 8 * (cp - 1) + (AGREE * (cp - 1) if check else 0)
+
+
 def saved_bytes_formula(
-    batch: int, heads: int, seq: int, head_dim: int, cp: int, value_bytes: int = 4
+    batch: int,
+    heads: int,
+    seq: int,
+    head_dim: int,
+    cp: int,
+    value_bytes: int = 4,
+    kv_heads: int | None = None,
 ) -> int:
-    """Bytes one rank keeps for backward: q, k, v, out and lse of T/cp tokens."""
-    tokens = batch * heads * (seq // cp)
-    return (4 * tokens * head_dim + tokens) * value_bytes
+    """Bytes one rank keeps for backward: q, k, v, out and lse of T/cp tokens (or,
+    for Ulysses, of T tokens and 1/cp of the heads: the same count); k and v have
+    `kv_heads` heads (default: `heads`)."""
+    kv_heads = heads if kv_heads is None else kv_heads
+    tokens, kv_tokens = batch * heads * (seq // cp), batch * kv_heads * (seq // cp)
+    return (2 * (tokens + kv_tokens) * head_dim + tokens) * value_bytes
 
 
 def full_attention_formula(

@@ -33,6 +33,12 @@ message of four tensors per step. After the last step the sums sit one rank befo
 their owner, and one last pass of dK/dV hands them home. Backward thus sends K, V
 cp − 1 times and dK, dV cp times.
 
+**Grouped-query attention (GQA, MQA).** K and V may have fewer heads than q, Hkv
+dividing H: q's head h reads K/V head h // (H / Hkv), as `F.scaled_dot_product_attention
+(..., enable_gqa=True)` does. Only the Hkv heads travel (H / Hkv times fewer bytes);
+each block repeats them for its queries, and the backward sums a K/V head's gradient
+over the q heads that read it before it travels.
+
 Messages are `comm.p2p.send_recv` (send right, receive left, posted together, so the
 ring cannot deadlock), whose handshake refuses a mismatched shape; the ledger sees
 every byte (`cost.ring_bytes`). The compute of a step does not overlap its message
@@ -53,6 +59,7 @@ from distcourse.comm.agree import Group, Members, agree, members
 from distcourse.parallel.context.split import check_layout, check_sequence, chunk_ids
 
 SKIP = "skip"  # a block whose keys all follow its queries: nothing to compute
+Stats = tuple[Tensor, Tensor, Tensor]  # a row's running max m, sum l, output acc
 
 
 @dataclass
@@ -102,8 +109,33 @@ def block_mask(
 
 
 def _scores(q: Tensor, k: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    s = (q @ k.transpose(-2, -1)) * scale  # (B, H, c, c)
+    s = (q @ repeat_kv(k, q.size(1)).transpose(-2, -1)) * scale  # (B, H, c, c)
     return s if mask is None else s.masked_fill(~mask, float("-inf"))
+
+
+def repeat_kv(kv: Tensor, heads: int) -> Tensor:
+    """K or V (B, Hkv, c, D) with each head repeated for the q heads that read it."""
+    groups = heads // kv.size(1)
+    return kv if groups == 1 else kv.repeat_interleave(groups, dim=1)
+
+
+def sum_over_group(grad: Tensor, kv_heads: int) -> Tensor:
+    """A gradient over q's heads (B, H, c, D) summed onto the K/V head each read."""
+    return grad.unflatten(1, (kv_heads, -1)).sum(2)
+
+
+def online_update(stats: Stats, s: Tensor, v: Tensor) -> Stats:
+    """One block of scores s, values v, folded into a row's running (m, l, acc)."""
+    m, l_, acc = stats
+    new = torch.maximum(m, s.amax(-1, keepdim=True))
+    alpha, p = torch.exp(m - new), torch.exp(s - new)  # alpha rescales the old sums
+    return new, l_ * alpha + p.sum(-1, keepdim=True), acc * alpha + p @ v
+
+
+def send_home(ring: Ring, buf: Tensor) -> tuple[Tensor, Tensor]:
+    """The last pass: dK, dV (buf[2:]) sit one rank before their owner; hand them on."""
+    grads = ring.shift(buf[2:].contiguous())
+    return grads[0], grads[1]
 
 
 def _forward(
@@ -112,10 +144,15 @@ def _forward(
     """(out, lse) of this rank's queries against every rank's keys."""
     qs, mine = q.chunk(2, dim=2), ring.ids(0)
     c = qs[0].size(2)
-    m = [torch.full_like(x[..., :1], float("-inf")) for x in qs]  # running max
-    l_ = [torch.zeros_like(x[..., :1]) for x in qs]  # running sum
-    acc = [torch.zeros_like(x) for x in qs]  # unnormalised output
-    kv = torch.stack([k, v])  # one message: (2, B, H, L, D)
+    stats = [  # per query chunk: running max, running sum, unnormalised output
+        (
+            torch.full_like(x[..., :1], float("-inf")),
+            torch.zeros_like(x[..., :1]),
+            torch.zeros_like(x),
+        )
+        for x in qs
+    ]
+    kv = torch.stack([k, v])  # one message: (2, B, Hkv, L, D)
     for step in range(ring.g.size):
         theirs, ks, vs = ring.ids(step), kv[0].chunk(2, 2), kv[1].chunk(2, 2)
         for a, b in ((a, b) for a in range(2) for b in range(2)):
@@ -123,17 +160,13 @@ def _forward(
             if isinstance(mask, str):
                 continue
             s = _scores(qs[a], ks[b], mask, scale)
-            new = torch.maximum(m[a], s.amax(-1, keepdim=True))
-            alpha, p = torch.exp(m[a] - new), torch.exp(s - new)
-            l_[a] = l_[a] * alpha + p.sum(-1, keepdim=True)
-            acc[a] = acc[a] * alpha + p @ vs[b]
-            m[a] = new
+            stats[a] = online_update(stats[a], s, repeat_kv(vs[b], q.size(1)))
             work.blocks += 1
             work.scores += c * c if mask is None else c * (c + 1) // 2
         if step < ring.g.size - 1:
             kv = ring.shift(kv)
-    out = torch.cat([x / s for x, s in zip(acc, l_, strict=True)], dim=2)
-    lse = torch.cat([mx + s.log() for mx, s in zip(m, l_, strict=True)], dim=2)
+    out = torch.cat([acc / l_ for _, l_, acc in stats], dim=2)
+    lse = torch.cat([m + l_.log() for m, l_, _ in stats], dim=2)
     return out, lse
 
 
@@ -145,7 +178,7 @@ def _backward(
     D = (dout * out).sum(-1, keepdim=True)  # (B, H, L, 1)
     dq = torch.zeros_like(q)
     qs, dos, Ds, lses, dqs = (t.chunk(2, 2) for t in (q, dout, D, lse, dq))
-    mine, c = ring.ids(0), qs[0].size(2)
+    mine, c, hkv = ring.ids(0), qs[0].size(2), k.size(1)
     buf = torch.stack([k, v, torch.zeros_like(k), torch.zeros_like(v)])
     for step in range(ring.g.size):
         theirs = ring.ids(step)
@@ -155,14 +188,13 @@ def _backward(
             if isinstance(mask, str):
                 continue
             p = torch.exp(_scores(qs[a], ks[b], mask, scale) - lses[a])
-            dvs[b].add_(p.transpose(-2, -1) @ dos[a])
-            ds = p * (dos[a] @ vs[b].transpose(-2, -1) - Ds[a])
-            dqs[a].add_(ds @ ks[b], alpha=scale)
-            dks[b].add_(ds.transpose(-2, -1) @ qs[a], alpha=scale)
+            dvs[b].add_(sum_over_group(p.transpose(-2, -1) @ dos[a], hkv))
+            ds = p * (dos[a] @ repeat_kv(vs[b], q.size(1)).transpose(-2, -1) - Ds[a])
+            dqs[a].add_(ds @ repeat_kv(ks[b], q.size(1)), alpha=scale)
+            dks[b].add_(sum_over_group(ds.transpose(-2, -1) @ qs[a], hkv), alpha=scale)
         if step < ring.g.size - 1:
             buf = ring.shift(buf)
-    grads = ring.shift(buf[2:].contiguous())  # the sums one step home
-    return dq, grads[0], grads[1]
+    return dq, *send_home(ring, buf)
 
 
 class _RingAttention(torch.autograd.Function):
@@ -192,26 +224,31 @@ class _RingAttention(torch.autograd.Function):
         return (*grads, None, None, None, None)
 
 
-def check_inputs(q: Tensor, k: Tensor, v: Tensor, cp: int, layout: str) -> None:
-    """ValueError, before any message, unless q, k, v are (B, H, L, D) tensors of
-    one shape and dtype whose L cuts into this rank's two chunks."""
+def check_inputs(
+    q: Tensor, k: Tensor, v: Tensor, cp: int, layout: str, name: str = "ring_attention"
+) -> int:
+    """ValueError, before any message, unless q (B, H, L, D) and k, v (B, Hkv, L, D)
+    share a dtype, B, L and D, Hkv divides H, and L cuts into this rank's two
+    chunks. Returns Hkv."""
     check_layout(layout)
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for what, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise ValueError(f"ring_attention: {name} must be (B, H, L, D), got {got}")
-    for name, t in (("k", k), ("v", v)):
-        if t.size(1) != q.size(1):
+            raise ValueError(f"{name}: {what} must be (B, H, L, D), got {got}")
+    want = (q.size(0), k.size(1), *q.shape[2:])
+    for what, t in (("k", k), ("v", v)):
+        if tuple(t.shape) != want or t.dtype != q.dtype:
             raise ValueError(
-                f"ring_attention: q has {q.size(1)} heads but {name} has "
-                f"{t.size(1)}; each head of q needs its own keys and values"
+                f"{name}: {what} is {t.dtype}{list(t.shape)}, q is {q.dtype}"
+                f"{list(q.shape)}; they must match but for k's and v's heads"
             )
-        if t.shape != q.shape or t.dtype != q.dtype:
-            raise ValueError(
-                f"ring_attention: {name} is {t.dtype}{list(t.shape)}, q is "
-                f"{q.dtype}{list(q.shape)}; they must match"
-            )
+    if q.size(1) % k.size(1):
+        raise ValueError(
+            f"{name}: q has {q.size(1)} heads but k and v have {k.size(1)}; "
+            "grouped-query attention needs k's heads to divide q's"
+        )
     check_sequence(q.size(2) * cp, cp)
+    return k.size(1)
 
 
 def ring_attention(
@@ -228,16 +265,24 @@ def ring_attention(
 ) -> Tensor:
     """Attention of this rank's queries over the whole sequence of the `group`.
 
-    q, k, v: this rank's tokens, (B, H, L, D), in `layout`'s order (`split.shard`);
-    the output is this rank's rows of `F.scaled_dot_product_attention` of the whole
-    sequence (is_causal=causal), with its gradients. `check` (the same on every
+    q (B, H, L, D), k and v (B, Hkv, L, D), Hkv dividing H: this rank's tokens in
+    `layout`'s order (`split.shard`); the output is this rank's rows of
+    `F.scaled_dot_product_attention` of the whole sequence (is_causal=causal,
+    enable_gqa=True), with its gradients. `check` (the same on every
     rank) adds one all_gather of 112 bytes, so ranks whose shapes differ raise the
     same ValueError instead of hanging; local checks run first either way. `work`,
     if given, counts the blocks computed.
     """
     g = members(group, "ring_attention")
-    check_inputs(q, k, v, g.size, layout)
-    agree("ring_attention", q, group, check=check)
+    hkv = check_inputs(q, k, v, g.size, layout)
+    agree(
+        "ring_attention",
+        q,
+        group,
+        validate=lambda: hkv,
+        key_name="kv heads",
+        check=check,
+    )
     scale = 1 / math.sqrt(q.size(-1)) if scale is None else scale
     ring = Ring(g, layout)
     work = Work() if work is None else work
