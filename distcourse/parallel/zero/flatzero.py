@@ -103,7 +103,7 @@ class FlatZero(nn.Module):
         rank, world = self.rank, self.world
         self.pieces = [self.flat[r.piece(rank, world)] for r in layout.regions]
         self.optimizer = optimizer_class(self.pieces, **defaults)
-        self.optimizer.register_step_post_hook(self._all_gather)
+        self.optimizer.register_step_post_hook(self.gather_pieces)
         self.grad_flat: Tensor | None = None
         if stage == 1:  # the full flat gradient; each .grad a view of it
             self.grad_flat = torch.zeros_like(self.flat)
@@ -189,11 +189,11 @@ class FlatZero(nn.Module):
         ):
             bucket = self.buckets[self.next]
             assert bucket is not None
-            self._reduce(self.next, bucket)
+            self.reduce_region(self.next, bucket)
             self.buckets[self.next] = None  # the full-size gradient is gone
             self.next += 1
 
-    def _reduce(self, k: int, full: Tensor) -> None:
+    def reduce_region(self, k: int, full: Tensor) -> None:
         """Region `k`'s gradients summed over the ranks; this rank's piece, averaged,
         becomes the gradient of its optimizer tensor."""
         piece = self.flat.new_empty(self.layout.regions[k].size // self.world)
@@ -217,12 +217,12 @@ class FlatZero(nn.Module):
             self.reduce_full_buckets(at_end=True)
             return
         for region in self.layout.regions:
-            self._reduce(region.index, self.grad_flat[region.span()])
+            self.reduce_region(region.index, self.grad_flat[region.span()])
         self.grad_flat.zero_()  # the next backward accumulates from zero
 
     # ----------------------------------------------------------------- step ----
 
-    def _all_gather(self, *_: object) -> None:
+    def gather_pieces(self, *_: object) -> None:
         """After `optimizer.step()`: every rank's updated pieces into `flat`."""
         works = []
         with torch.no_grad():
