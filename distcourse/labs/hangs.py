@@ -9,6 +9,8 @@ differ. The recorder shows where; the group's timeout ends the wait.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -128,8 +130,19 @@ def ready_program(sync: Fix, rank: int, world: int) -> dict:
     grads = {name: p.grad for name, p in model.named_parameters()}
     if rank % 2:
         grads = dict(reversed(grads.items()))
+    _all_ready(rank, world)
     sync(grads, world)
     return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def _all_ready(rank: int, world: int) -> None:
+    """Every rank has its gradients before any calls a collective: a slow rank would
+    otherwise still be computing when two others' mismatched all_reduce aborts, and
+    the report would say it never entered. Through the store, not a collective, so
+    the recorder sees nothing of it."""
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"lab-ready-{rank}", "1")
+    store.wait([f"lab-ready-{r}" for r in range(world)], timedelta(seconds=10))
 
 
 def sync_grads_broken(grads: dict[str, Tensor], world: int) -> None:
