@@ -1,10 +1,14 @@
 """`fully_shard` and full state dicts: FSDP2's calls, from scratch.
 
-`fully_shard(module, *, mesh=None, reshard_after_forward=True)` makes `module` a unit
-(`unit.Unit`): its parameters, except those of units inside it, become this rank's
-dim-0 pieces, gathered around its forward and backward. As with torch's FSDP2, apply
-it to each block, then to the root, and build the optimizer afterwards, on
-`model.parameters()`. `full_state_dict(model)` is `get_model_state_dict(model,
+`fully_shard(module, *, mesh=None, reshard_after_forward=None, mp_policy=None)` makes
+`module` a unit (`unit.Unit`): its parameters, except those of units inside it,
+become this rank's dim-0 pieces, gathered around its forward and backward. As with
+torch's FSDP2, apply it to each block, then to the root, and build the optimizer
+afterwards, on `model.parameters()`. The arguments mean what torch 2.14's mean
+(`policy.py`): None reshards every unit but the root; a 2-D mesh is HSDP.
+`set_requires_gradient_sync(module, False)` (also a method of each sharded module)
+lets micro-batches add up full gradients locally, unsent, until one that syncs.
+`full_state_dict(model)` is `get_model_state_dict(model,
 options=StateDictOptions(full_state_dict=True))`: every parameter whole, on every
 rank; `load_full_state_dict` cuts one back into pieces.
 `set_modules_to_forward_prefetch(module, modules)` (also a method of each sharded
@@ -14,9 +18,10 @@ module, as FSDP2's `FSDPModule` has) makes `module`'s forward launch the gathers
 
 Everything is checked before the first collective, alike on every rank: a model
 of other names, shapes or dtypes on some rank (agreed in `fully_shard`), a module
-sharded twice, a mesh that is not 1-D or not within the world, parameters of mixed
-dtypes in one unit, a state dict of other shapes, and an optimizer built on the
-parameters `fully_shard` replaced (refused when it first steps).
+sharded twice, a mesh that is not 1-D or 2-D or not within the world, a policy
+that is not one or names no floating dtype, parameters of mixed dtypes in one
+unit, a state dict of other shapes, and an optimizer built on the parameters
+`fully_shard` replaced (refused when it first steps).
 """
 
 from __future__ import annotations
@@ -35,6 +40,13 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from distcourse import runtime
 from distcourse.comm.agree import agree_tensors
 from distcourse.mesh import Mesh
+from distcourse.parallel.fsdp.policy import (
+    MixedPrecisionPolicy,
+    groups_of,
+    mixed_precision,
+    reshard_setting,
+    smaller_group,
+)
 from distcourse.parallel.fsdp.unit import Unit
 
 UNITS: weakref.WeakKeyDictionary[nn.Module, Unit] = weakref.WeakKeyDictionary()
@@ -46,9 +58,14 @@ def fully_shard(
     module: nn.Module,
     *,
     mesh: Mesh | DeviceMesh | None = None,
-    reshard_after_forward: bool = True,
+    reshard_after_forward: bool | int | None = None,
+    mp_policy: MixedPrecisionPolicy | Any = None,
 ) -> nn.Module:
     """Shard `module`'s own parameters over `mesh` (the world if None); return it.
+
+    `mesh` 2-D is HSDP: shard over dim 1, replicate over dim 0 (the gradients'
+    pieces all-reduced there). `reshard_after_forward` and `mp_policy` as torch's
+    (`policy.py`); checked, like the mesh, before the first collective.
 
     First every rank of the mesh agrees (`agree_tensors`, one all-gather of a small
     descriptor): the same names, shapes and dtypes of the parameters to shard, the
@@ -59,29 +76,80 @@ def fully_shard(
     group's timeout ends the wait, and `runtime.init(debug=True)` names the rank
     (torch's DETAIL checks compare every collective's fingerprint).
     """
-    group = group_of(mesh)
+    group, replicate = groups_of(mesh)
+    size = dist.get_world_size(group)
+    whole = replicate is None and size == dist.get_world_size()
+    setting = reshard_setting(reshard_after_forward, size, whole)
+    policy = mixed_precision(mp_policy)
     owners, tied = _own_parameters(module)
     kind = type(module).__name__  # names below as the module's, e.g. Linear.weight
     names = {
         id(p): f"{kind}.{n}" for n, p in module.named_parameters(remove_duplicate=False)
     }
     full = [getattr(m, n) for m, n in owners]
-    agree_tensors(
-        "fully_shard",
-        [(names.get(id(p), n), p) for (_, n), p in zip(owners, full, strict=True)],
-        group,
-        config=dict(module=kind, reshard_after_forward=reshard_after_forward),
-        validate=functools.partial(_check_unit, module, owners, tied),
+    described = [
+        (names.get(id(p), n), p) for (_, n), p in zip(owners, full, strict=True)
+    ]
+    config = dict(
+        module=kind, reshard_after_forward=reshard_after_forward, mp=repr(policy)
     )
-    unit = Unit(owners, group, reshard_after_forward) if owners else None
+    for among in [group] if replicate is None else [group, replicate]:
+        agree_tensors(
+            "fully_shard",
+            described,
+            among,
+            config=config,
+            validate=functools.partial(_check_unit, module, owners, tied),
+        )
+    smaller = not isinstance(setting, bool) and isinstance(setting, int)
+    kept = True if smaller else setting  # an int reshards, to a smaller group
+    unit = Unit(owners, group, kept, policy, replicate) if owners else None
+    if unit is not None and smaller:  # a collective: every rank of the world
+        unit.smaller = smaller_group(setting)  # type: ignore[arg-type]
+    _mark_roots(module, unit)
     UNITS[module] = unit  # type: ignore[assignment]  (None: nothing of its own)
     REPLACED.update({id(p): p for p in full})
     if unit is not None:
         module.register_forward_pre_hook(unit.before_forward)
         module.register_forward_hook(unit.after_forward)
-    for method in (set_modules_to_forward_prefetch, set_modules_to_backward_prefetch):
+    methods = (
+        set_modules_to_forward_prefetch,
+        set_modules_to_backward_prefetch,
+        set_requires_gradient_sync,
+    )
+    for method in methods:
         setattr(module, method.__name__, functools.partial(method, module))
     return module
+
+
+def _mark_roots(module: nn.Module, unit: Unit | None) -> None:
+    """Units inside `module` are no longer roots; `unit` is one unless an earlier
+    unit's module holds `module` (torch decides the root at the first forward: the
+    outermost sharded module, the same one when units are made inside out)."""
+    inner = set(module.modules())
+    for m, other in UNITS.items():
+        if other is not None and m in inner:
+            other.root = False
+    if unit is not None:
+        unit.root = not any(module in set(m.modules()) for m in UNITS)
+
+
+def set_requires_gradient_sync(module: nn.Module, requires: bool) -> None:
+    """FSDP2's `FSDPModule.set_requires_gradient_sync`: with False, the backward of
+    `module`'s units (itself and those inside it) sends nothing; their full
+    gradients stay and the next backward adds to them. The backward after
+    setting True reduce-scatters the sum once. No collective here."""
+    if not isinstance(requires, bool):
+        raise ValueError(
+            f"set_requires_gradient_sync: requires must be a bool, got {requires!r}"
+        )
+    if module not in UNITS:
+        raise ValueError(
+            "set_requires_gradient_sync: this "
+            f"{type(module).__name__} is not a fully_shard unit"
+        )
+    for unit in units(module):
+        unit.sync = requires
 
 
 def _check_unit(
@@ -189,27 +257,8 @@ def hidden_fraction(model: nn.Module, clear: bool = True) -> float:
 
 
 def group_of(mesh: Mesh | DeviceMesh | None) -> Any:
-    """The process group of a 1-D mesh within the world (None: the world)."""
-    if mesh is None:
-        return None
-    device_mesh = mesh.device_mesh if isinstance(mesh, Mesh) else mesh
-    if not isinstance(device_mesh, DeviceMesh):
-        raise TypeError(
-            f"fully_shard: mesh must be a Mesh, a DeviceMesh or None, got {mesh!r}"
-        )
-    ranks = device_mesh.mesh.flatten().tolist()
-    world = dist.get_world_size()
-    if device_mesh.ndim != 1:
-        raise ValueError(
-            f"fully_shard: the mesh must be 1-D (got {device_mesh.ndim}-D); pass "
-            "the data-parallel axis, e.g. mesh['dp']"
-        )
-    if any(not 0 <= r < world for r in ranks) or dist.get_rank() not in ranks:
-        raise ValueError(
-            f"fully_shard: the mesh's ranks {ranks} must be ranks of the world "
-            f"(0..{world - 1}) and include this rank ({dist.get_rank()})"
-        )
-    return device_mesh.get_group(0)
+    """The shard group of a 1-D or 2-D mesh within the world (None: the world)."""
+    return groups_of(mesh)[0]
 
 
 def _own_parameters(
@@ -288,12 +337,20 @@ def load_full_state_dict(model: nn.Module, state: dict[str, Tensor]) -> None:
 
 def step_bytes(sharded: list[Unit], world: int) -> int:
     """Wire bytes per rank of one training step (ring convention): each unit's
-    all-gather before forward, again before backward if it resharded, and its
-    reduce-scatter, each (N - 1) x its padded segment."""
+    all-gather before forward, again before backward if it resharded (in
+    `param_dtype`), and its reduce-scatter (in `reduce_dtype`), each (N - 1) x its
+    padded segment; a gather over a smaller group of k, (k - 1) x N / k segments.
+    Sharded over the world: no HSDP all-reduce counted."""
     total = 0
     for unit in sharded:
-        calls = 3 if unit.reshard_after_forward else 2
-        total += calls * (world - 1) * unit.width * unit.buffer.element_size()
+        size = unit.buffer.element_size()  # the forward's gather
+        size += torch.empty(0, dtype=unit.reduce_dtype).element_size()
+        again = (world - 1) * unit.width * unit.buffer.element_size()
+        if unit.smaller is not None:  # over k ranks, each bringing N / k segments
+            k = dist.get_world_size(unit.smaller)
+            again = (k - 1) * (world // k) * unit.width * unit.buffer.element_size()
+        total += (world - 1) * unit.width * size
+        total += again if unit.reshard_after_forward else 0
     return total
 
 
@@ -308,3 +365,19 @@ def _refuse_replaced(optimizer: torch.optim.Optimizer, *_: Any) -> None:
 
 
 register_optimizer_step_pre_hook(_refuse_replaced)
+
+
+def local_pieces(model: nn.Module, full: dict[str, Tensor]) -> dict[str, Tensor]:
+    """This rank's piece of each full tensor in `full` (keyed as
+    `model.named_parameters()`: e.g. one process's gradients), cut as `fully_shard`
+    cut the parameters; a parameter outside every unit stays whole. No collective:
+    what compares a rank's sharded gradients with one process's."""
+    cut = {
+        id(s): pc
+        for u in units(model)
+        for pc, s in zip(u.pieces, u.sharded, strict=True)
+    }
+    return {
+        name: cut[id(p)].cut(full[name]) if id(p) in cut else full[name].detach()
+        for name, p in model.named_parameters()
+    }

@@ -103,6 +103,11 @@ def _pieces(model: nn.Module) -> dict[str, tuple[Piece, DeviceMesh]]:
     """Each sharded parameter's name, Piece and 1-D mesh (its unit's group)."""
     names = {id(p): n for n, p in model.named_parameters()}
     out = {}
+    if any(unit.replicate is not None for unit in units(model)):
+        raise ValueError(
+            "fsdp checkpoints: HSDP (a 2-D mesh) is not supported here; save "
+            "full_state_dict(model) instead"
+        )
     for unit in units(model):
         group = unit.group if unit.group is not None else dist.group.WORLD
         mesh = DeviceMesh.from_group(group, unit.device.type)

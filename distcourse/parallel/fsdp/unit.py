@@ -8,12 +8,22 @@ needed and freed after:
 - before forward: all-gather every piece (one collective), copy the rows into the
   buffer, and let the modules see full tensors (leaves of autograd, views of it);
 - after forward: the modules see their pieces again; with `reshard_after_forward`
-  the buffer's storage is freed (autograd keeps the views, not the bytes);
+  the buffer's storage is freed (autograd keeps the views, not the bytes); by
+  default (None) every unit reshards but the root, as torch's FSDP2; with an int k
+  between 1 and N, the rank first keeps its k-th of the full parameters, and the
+  gather before backward runs over its group of k ranks only;
 - before backward (a hook on the unit's outputs): gather again into the same
   storage, so the tensors autograd saved hold the values once more;
 - when every full tensor has its gradient: one reduce-scatter of the padded
   gradients, divided by N, adds each rank's rows to its piece's `.grad`; the buffer
-  is freed.
+  is freed. Under HSDP (a replicate group beside the shard group) the reduced rows
+  are then all-reduced over the replicas and divided by their count. With
+  `sync` False (`set_requires_gradient_sync(False)`) nothing is sent: the full
+  gradients stay, and the next backward adds to them until one that syncs.
+
+A `MixedPrecisionPolicy` (`policy.py`) makes the gathered buffer `param_dtype` (the
+all-gather moves the pieces cast to it) and the reduce-scatter `reduce_dtype`; the
+pieces, their gradients and the optimizer keep the pieces' own dtype.
 
 Prefetch (opt-in, FSDP2's `set_modules_to_forward_prefetch` /
 `set_modules_to_backward_prefetch`): when this unit's forward (backward) starts, it
@@ -42,6 +52,7 @@ from torch.autograd.graph import register_multi_grad_hook
 from distcourse import torchcompat
 from distcourse.clock import DeviceTimer, Stamp
 from distcourse.parallel.fsdp.layout import Piece, pieces
+from distcourse.parallel.fsdp.policy import MixedPrecisionPolicy
 from distcourse.trace import Event
 
 
@@ -52,17 +63,27 @@ class Unit:
         self,
         owners: list[tuple[nn.Module, str]],
         group: Any,
-        reshard_after_forward: bool,
+        reshard_after_forward: bool | None,
+        mp_policy: MixedPrecisionPolicy | None = None,
+        replicate: Any = None,
     ) -> None:
         self.owners = owners  # (module, attribute name) of each parameter
         self.group = group
+        self.replicate = replicate  # HSDP: the group of this rank's replicas
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.reshard_after_forward = reshard_after_forward
+        self.reshard_setting = reshard_after_forward  # None: decided by `root`
+        self.root = True  # until fully_shard wraps a module around this one
+        self.sync = True  # set_requires_gradient_sync
+        self.smaller: Any = None  # reshard_after_forward=k: a group of k ranks
+        self.kept: Tensor | None = None  # this rank's 1/k of the full, after forward
         full = [getattr(m, name) for m, name in owners]
         self.pieces = pieces([p.shape for p in full], self.world, self.rank)
         self.width = sum(p.padded for p in self.pieces)  # elements of one segment
         self.dtype, self.device = full[0].dtype, full[0].device
+        policy = mp_policy or MixedPrecisionPolicy()
+        self.param_dtype = policy.param_dtype or self.dtype  # gathered, computed in
+        self.reduce_dtype = policy.reduce_dtype or self.param_dtype  # reduced in
         self.sharded = [
             nn.Parameter(piece.cut(p), requires_grad=p.requires_grad)
             for piece, p in zip(self.pieces, full, strict=True)
@@ -70,7 +91,7 @@ class Unit:
         for (module, name), shard in zip(owners, self.sharded, strict=True):
             module._parameters[name] = shard
         self.buffer = torch.empty(
-            self.world * self.width, dtype=self.dtype, device=self.device
+            self.world * self.width, dtype=self.param_dtype, device=self.device
         )
         self.full = [
             self._leaf(piece, start, shard.requires_grad)
@@ -88,6 +109,13 @@ class Unit:
             if leaf.requires_grad:
                 leaf.register_post_accumulate_grad_hook(self._on_gradient)
 
+    @property
+    def reshard_after_forward(self) -> bool:
+        """The setting, or torch's default for None: True but for the root."""
+        if self.reshard_setting is None:
+            return not self.root
+        return self.reshard_setting
+
     # ---------------------------------------------------- the full parameters --
 
     def _blocks(self) -> Iterator[tuple[Piece, int]]:
@@ -100,7 +128,7 @@ class Unit:
     def _leaf(self, piece: Piece, start: int, requires_grad: bool) -> Tensor:
         """A full parameter: a view of the buffer with its own version counter, so
         refilling the buffer before backward does not trip autograd's check."""
-        leaf = torch.empty(0, dtype=self.dtype, device=self.device)
+        leaf = torch.empty(0, dtype=self.param_dtype, device=self.device)
         stride = torch.empty(piece.shape).stride()
         leaf.set_(self.buffer.untyped_storage(), start, piece.shape, stride)
         return leaf.requires_grad_(requires_grad)
@@ -120,6 +148,10 @@ class Unit:
         a prefetched gather is waited on, not sent again."""
         if self.gathered:
             return
+        if self.kept is not None and self.pending is None:
+            self._fill(self._regather())  # from the smaller group's rows
+            return
+        self.kept = None
         waited = self.clock.stamp()  # needed from now: before a gather made here
         if self.pending is None:
             self.prefetch()
@@ -127,6 +159,14 @@ class Unit:
         assert pending is not None
         segments = pending.result(self.sharded)
         done = pending.stamped.wait()  # the gather's completion
+        self._fill(segments)
+        k = self.gathers
+        self.gathers += 1
+        self.spans.append((f"all_gather {k}", pending.launched, done))
+        self.spans.append((f"unshard {k}", waited, self.clock.stamp()))
+
+    def _fill(self, segments: Tensor) -> None:
+        """Give the buffer its bytes back and copy [rank, width] segments in."""
         self.buffer.untyped_storage().resize_(self.buffer.numel() * self._size())
         with torch.no_grad():
             for piece, start in self._blocks():
@@ -134,10 +174,29 @@ class Unit:
                 block.view(self.world, piece.padded).copy_(
                     segments[:, piece.offset : piece.offset + piece.padded]
                 )
-        k = self.gathers
-        self.gathers += 1
-        self.spans.append((f"all_gather {k}", pending.launched, done))
-        self.spans.append((f"unshard {k}", waited, self.clock.stamp()))
+
+    def _keep(self) -> Tensor:
+        """After forward, with a smaller group of k ranks: this rank's k-th of the
+        full parameters, segments j*m to (j+1)*m (j its place there, m = N / k), so
+        the k ranks together hold every segment once."""
+        k = dist.get_world_size(self.smaller)
+        m, j = self.world // k, dist.get_rank(self.smaller)
+        kept = self.buffer.new_empty(m, self.width)
+        with torch.no_grad():
+            for piece, start in self._blocks():
+                block = self.buffer[start : start + self.world * piece.padded]
+                rows = block.view(self.world, piece.padded)[j * m : (j + 1) * m]
+                kept[:, piece.offset : piece.offset + piece.padded] = rows
+        return kept
+
+    def _regather(self) -> Tensor:
+        """Before backward: all-gather the kept rows over the smaller group only."""
+        kept, self.kept = self.kept, None
+        assert kept is not None
+        out = kept.new_empty(dist.get_world_size(self.smaller) * kept.numel())
+        with torch.no_grad():
+            torchcompat.all_gather_tensor(out, kept.reshape(-1), self.smaller)
+        return out.view(self.world, self.width)
 
     def prefetch(self) -> None:
         """Launch this unit's all-gather and return at once (nothing if the full
@@ -145,10 +204,8 @@ class Unit:
         if self.gathered or self.pending is not None:
             return
         with torch.no_grad():
-            mine = torch.cat(
-                [pc.pad(p) for pc, p in zip(self.pieces, self.sharded, strict=True)]
-            )
-            out = torch.empty(self.world * self.width, dtype=self.dtype)
+            mine = self._segment().to(self.param_dtype)
+            out = torch.empty(self.world * self.width, dtype=self.param_dtype)
             out = out.to(self.device)
             launched = self.clock.stamp()
             work = torchcompat.all_gather_tensor(out, mine, self.group, async_op=True)
@@ -157,12 +214,17 @@ class Unit:
             work, out.view(self.world, self.width), launched, versions, self.clock
         )
 
+    def _segment(self) -> Tensor:
+        """This rank's pieces, each padded, one after another (`width` elements)."""
+        return torch.cat(
+            [pc.pad(p) for pc, p in zip(self.pieces, self.sharded, strict=True)]
+        )
+
     def gather_segments(self) -> Tensor:
-        """One all-gather, waited on: [rank, width], every rank's padded pieces."""
+        """One all-gather, waited on: [rank, width], every rank's padded pieces (in
+        their own dtype: a state dict's values, not the compute dtype's)."""
         with torch.no_grad():
-            mine = torch.cat(
-                [pc.pad(p) for pc, p in zip(self.pieces, self.sharded, strict=True)]
-            )
+            mine = self._segment()
             out = torch.empty(self.world * self.width, dtype=self.dtype)
             out = out.to(self.device)
             torchcompat.all_gather_tensor(out, mine, self.group)
@@ -184,17 +246,29 @@ class Unit:
 
     # ------------------------------------------------------------- the hooks --
 
-    def before_forward(self, _module: nn.Module, _args: Any) -> None:
+    def before_forward(self, _module: nn.Module, args: Any) -> Any:
+        """Gather; launch the prefetches; cast floating inputs to `param_dtype`
+        (torch's `cast_forward_inputs`) when that is not the pieces' dtype."""
         self.spans.clear()  # a new step: keep its gathers only (bounded, as DDP's)
         self.gathers = 0
         self.unshard()
         for unit in self.forward_prefetch:
             unit.prefetch()
         self.use_full(True)
+        if self.param_dtype == self.dtype:
+            return None
+        return tuple(
+            a.to(self.param_dtype)
+            if torch.is_tensor(a) and a.is_floating_point()
+            else a
+            for a in args
+        )
 
     def after_forward(self, _module: nn.Module, _args: Any, output: Any) -> Any:
         self.use_full(False)
         if self.reshard_after_forward:
+            if self.smaller is not None:
+                self.kept = self._keep()
             self.free()
         tensors = [t for t in _tensors(output) if t.requires_grad]
         if tensors:
@@ -210,21 +284,27 @@ class Unit:
         self.arrived += 1
         if self.arrived == sum(leaf.requires_grad for leaf in self.full):
             self.arrived = 0
-            self.reduce_scatter()
+            if self.sync:  # else the full gradients stay, to add the next to
+                self.reduce_scatter()
             self.free()
 
     def reduce_scatter(self) -> None:
-        """Average the full gradients into the pieces: one reduce-scatter."""
+        """Average the full gradients into the pieces: one reduce-scatter (in
+        `reduce_dtype`), and under HSDP one all-reduce over the replicas."""
         with torch.no_grad():
-            row = torch.zeros(self.world, self.width, dtype=self.dtype)
+            row = torch.zeros(self.world, self.width, dtype=self.reduce_dtype)
             row = row.to(self.device)
             for piece, leaf in zip(self.pieces, self.full, strict=True):
                 if leaf.grad is not None:
                     at = slice(piece.offset, piece.offset + piece.padded)
                     row[:, at] = piece.full_padded(leaf.grad)
-            out = torch.empty(self.width, dtype=self.dtype, device=self.device)
+            out = torch.empty(self.width, dtype=self.reduce_dtype, device=self.device)
             torchcompat.reduce_scatter_tensor(out, row.view(-1), self.group)
             out /= self.world
+            if self.replicate is not None:
+                dist.all_reduce(out, group=self.replicate)
+                out /= dist.get_world_size(self.replicate)
+            out = out.to(self.dtype)
         for piece, leaf, shard in zip(
             self.pieces, self.full, self.sharded, strict=True
         ):
