@@ -321,3 +321,57 @@ def test_presets_are_the_python_ones(page: Any) -> None:
             preset,
         )
         assert shape == list(plan.ModelSpec.from_params(params).to_dict().values())
+
+
+# Layouts the form does not offer (FSDP's reshard_after_forward=False, a ZeRO-3
+# setting of PlanLayout), and the per-micro-batch charges of ZeRO-2/3 in bf16,
+# through window.dcPlan.predict itself: model shape, batch, dtype, reduce, layout.
+DIRECT = (
+    ("7b", 64, "bf16", "bf16", dict(dp=8, zero=3, reshard=False)),
+    ("7b", 64, "bf16", "fp32", dict(dp=8, zero=3, reshard=False, micro_batches=8)),
+    ("small", 32, "fp32", "fp32", dict(dp=2, pp=2, zero=3, reshard=False)),
+    ("7b", 64, "bf16", "bf16", dict(dp=8, zero=2, micro_batches=8)),
+    ("7b", 64, "bf16", "fp32", dict(dp=4, pp=2, zero=1, micro_batches=8)),
+    ("70b", 64, "bf16", "fp32", dict(dp=4, tp=4, zero=3, micro_batches=4)),
+    ("small", 32, "fp32", "fp32", dict(dp=4, zero=2, reshard=False)),
+)
+PREDICT = """(cases) => cases.map(([shape, batch, dtype, reduce, layout]) => {
+  const P = window.dcPlan, big = (o) => Object.fromEntries(Object.entries(o)
+    .map(([k, v]) => [k, typeof v === 'number' ? BigInt(v) : v]));
+  const keys = ['layers', 'hidden', 'heads', 'seq', 'vocab'];
+  const plain = {tp: 1, pp: 1, micro_batches: 1, schedule: '1f1b', virtual: 1,
+    ckpt: 'none', sp: false, bucket_view: false, ...layout};
+  const data = {model: big(Object.fromEntries(keys.map((k, i) => [k, shape[i]]))),
+    batch: BigInt(batch), policy: {dtype, reduce, optimizer: 'adamw'},
+    layout: big(plain), hardware: P.GPUS.h100};
+  try {
+    const p = P.predict(data, null), out = {};
+    for (const part of ['memory', 'time', 'wire'])
+      for (const [k, v] of Object.entries(p[part])) out[`${part}.${k}`] = String(v);
+    out.flops = String(p.flops);
+    return out;
+  } catch (err) { return {error: err.message}; }
+})"""
+
+
+def test_layouts_beyond_the_form_equal_the_python(page: Any) -> None:
+    shown = page.evaluate(
+        PREDICT, [[MODELS[m], b, d, r, lay] for m, b, d, r, lay in DIRECT]
+    )
+    for (name, batch, dtype, reduce, fields), got in zip(DIRECT, shown, strict=True):
+        model = plan.ModelSpec(*MODELS[name])
+        policy = plan.DTypePolicy(dtype, reduce)
+        try:
+            layout = plan.PlanLayout(**fields)
+            found = plan.predict(model, batch, policy, layout, plan.GPUS["h100"])
+        except ValueError as err:
+            assert got == {"error": str(err)}
+            continue
+        want = found.to_dict()
+        for part in ("memory", "time", "wire"):
+            for key, value in want[part].items():
+                ok = math.isclose(float(got[f"{part}.{key}"]), value, rel_tol=1e-9)
+                exact = isinstance(value, float) or int(got[f"{part}.{key}"]) == value
+                assert ok and exact, (fields, part, key, value, got)
+        assert int(got["flops"]) == want["flops"]
+    assert shown[-1]["error"].startswith("reshard=False (FSDP's")

@@ -222,16 +222,132 @@ def test_explain_prints_every_formula() -> None:
 
 
 def test_data_parallel_wire_bytes_are_chapter_9s_on_even_shares() -> None:
-    from distcourse.parallel.zero import step_bytes
+    """DP's all-reduce and ZeRO-2 as chapter 9 counts them; ZeRO-1 as FlatZero
+    runs it (reduce-scatter + all-gather, `FlatLayout.step_bytes`), not as torch's
+    ZeroRedundancyOptimizer (all-reduce + broadcasts, `step_bytes(1, ...)`)."""
+    import torch
+
+    from distcourse.parallel.zero import FlatLayout, step_bytes
 
     d = 4  # a model of P elements, P % d == 0: every share even
+    model = plan.ModelSpec(1, 16, 1, 1, 1)
+    P = memory.stage_params(model, plan.PlanLayout(), 0)
+    assert P % d == 0
+    sent = {}
     for zero in (0, 1, 2):
-        model = plan.ModelSpec(1, 16, 1, 1, 1)
-        P = memory.stage_params(model, plan.PlanLayout(), 0)
         layout = plan.PlanLayout(dp=d, zero=zero)
-        sent = timing.rank_messages(model, d, FP32, layout, 0)["dp"][0]
+        sent[zero] = timing.rank_messages(model, d, FP32, layout, 0)["dp"][0]
+    for zero in (0, 2):
         ours = [step_bytes(zero, [P // d] * d, P // d, r) for r in range(d)]
-        assert P % d == 0 and ours == [sent] * d, (zero, P)
+        assert ours == [sent[zero]] * d, (zero, P)
+    assert sent[1] == FlatLayout([torch.zeros(P)], d, 2**20).step_bytes()
+    assert sent[1] < step_bytes(1, [P // d] * d, P // d, 0)  # torch's 3 Psi
+
+
+def test_zero_1_moves_what_dp_and_zero_2_move() -> None:
+    """ZeRO-1 is 2 Psi (ZeRO paper 7.2.1): DP's all-reduce bytes at d ranks when
+    the shares are even, ZeRO-2's at one micro-batch always, 2 (d - 1) steps."""
+    d, model = 8, plan.ModelSpec(1, 16, 1, 1, 1)
+    P = memory.stage_params(model, plan.PlanLayout(), 0)
+    sent = {
+        z: timing.rank_messages(model, d, FP32, plan.PlanLayout(dp=d, zero=z), 0)
+        for z in (0, 1, 2)
+    }
+    assert P % d == 0 and sent[1]["dp"] == sent[0]["dp"] == sent[2]["dp"]
+    assert sent[1]["dp"] == (2 * (d - 1) * 4 * P // d, 2 * (d - 1))
+    odd = plan.ModelSpec(1, 15, 1, 1, 1)  # P % d != 0: padded shares
+    one, two = (
+        timing.rank_messages(odd, d, FP32, plan.PlanLayout(dp=d, zero=z), 0)["dp"]
+        for z in (1, 2)
+    )
+    assert one == two
+
+
+def test_sharded_gradients_pay_every_micro_batch() -> None:
+    """The issue's example: 7B, 8 GPUs, batch 64, dp 8, ZeRO-2. With m = 8 the
+    gradients are reduce-scattered 8 times (a share cannot hold a sum of full
+    gradients), the weights all-gathered once; ZeRO-3 pays all three, m times."""
+    model, bf16 = plan.ModelSpec.from_params(7e9), plan.DTypePolicy("bf16", "bf16")
+
+    def dp(**fields: object) -> tuple[int, int]:
+        layout = plan.PlanLayout(dp=8, **fields)
+        return timing.rank_messages(model, 64, bf16, layout, 0)["dp"]
+
+    q = -(-model.params // 8)
+    rs = ag = 7 * 2 * q  # bf16 weights and reductions
+    assert dp(zero=2, micro_batches=1) == (rs + ag, 2 * 7)
+    assert dp(zero=2, micro_batches=8) == (8 * rs + ag, 9 * 7)
+    assert dp(zero=1, micro_batches=8) == dp(zero=1) == (rs + ag, 2 * 7)
+    assert dp(zero=0, micro_batches=8) == dp(zero=0)
+    assert dp(zero=3, micro_batches=8) == (8 * (2 * ag + rs), 8 * 3 * 7)
+    kept = dp(zero=3, micro_batches=8, reshard=False)
+    assert kept == (8 * (ag + rs), 8 * 2 * 7)
+    found = plan.predict(model, 64, bf16, plan.PlanLayout(8, zero=2), H100)
+    more = plan.predict(
+        model, 64, bf16, plan.PlanLayout(8, micro_batches=8, zero=2), H100
+    )
+    assert more.time["dp"] > 4 * found.time["dp"]
+    out = cli.run("--params 7e9 --gpus 8 --batch 64 --layout dp=8,zero=2,m=8".split())
+    assert "80 GB = 74.5 GiB" in out  # the datasheet's GB and the table's GiB
+
+
+def test_bf16_accumulation_holds_20_bytes_a_parameter() -> None:
+    """The Ultra-Scale Playbook's 20 bytes: bf16 weights and gradients (2 + 2), an
+    fp32 master and Adam's moments (12), an fp32 accumulation buffer (4) once
+    m > 1; DDP's buckets (the reduce dtype, y) on top without bucket_view; a
+    ZeRO-2/3 rank accumulates only its share."""
+    model, bf16 = plan.ModelSpec.from_params(1e9), plan.DTypePolicy("bf16", "fp32")
+    P, d = model.params, 8
+
+    def held(**fields: object) -> dict[str, int]:
+        layout = plan.PlanLayout(**fields)
+        return plan.rank_memory(model, 64, bf16, layout, 0)
+
+    for m in (1, 4):
+        got = held(dp=d, micro_batches=m)
+        steps = 4 * (16 * model.layers + 5)  # AdamW's step counters
+        state = got["parameters"] + got["gradients"] + got["optimizer"] - steps
+        accumulation = 4 * P if m > 1 else 0
+        assert state == 16 * P and got["buffers"] == 4 * P + accumulation
+        assert (state + accumulation) / P == (20 if m > 1 else 16)
+        viewed = held(dp=d, micro_batches=m, bucket_view=True)
+        assert viewed["buffers"] == accumulation
+    share = 4 * -(-P // d)
+    assert held(dp=d, micro_batches=4, zero=2)["buffers"] == share
+    fp32 = plan.rank_memory(model, 64, FP32, plan.PlanLayout(micro_batches=4), 0)
+    assert fp32["buffers"] == 0  # fp32 gradients accumulate in place
+
+
+def test_zero_3_kept_holds_every_parameter_and_refuses_other_stages() -> None:
+    layout = plan.PlanLayout(dp=4, zero=3, reshard=False)
+    got = plan.rank_memory(MODEL, 16, FP32, layout, 0)
+    assert got["buffers"] == 4 * MODEL.params
+    assert layout.to_dict()["reshard"] is False
+    assert "reshard" not in plan.PlanLayout(dp=4, zero=3).to_dict()
+    assert plan.PlanLayout.from_dict(layout.to_dict()) == layout
+    with pytest.raises(ValueError, match="reshard=False .* needs zero=3, got zero=2"):
+        plan.check(MODEL, 16, plan.PlanLayout(dp=4, zero=2, reshard=False))
+    assert cli.parse_layout("dp=4,zero=3,reshard=0") == layout
+
+
+def test_the_search_chooses_bucket_views_and_resharding() -> None:
+    model = plan.ModelSpec.from_params(7e9)
+    found = plan.candidates(model, 64, 8, H100)
+    for zero in (0, 1):
+        views = {lay.bucket_view for lay in found if lay.zero == zero}
+        assert views == {True, False}
+    assert {lay.reshard for lay in found if lay.zero == 3} == {True, False}
+    assert all(lay.reshard for lay in found if lay.zero < 3)
+    best = plan.search(model, 64, plan.DTypePolicy("bf16"), H100, 8, dict(zero=0))
+    assert best[0].layout.bucket_view  # the same time, fewer bytes
+
+
+def test_zero_1_with_a_pipeline_can_win() -> None:
+    """ZeRO-1 with pipelining (Megatron's usual choice): 2 Psi once a step while
+    ZeRO-2/3 pay per micro-batch, so a search can now pick it."""
+    model = plan.ModelSpec.from_params(70e9)
+    found = plan.search(model, 512, plan.DTypePolicy("bf16", "fp32"), H100, 64)
+    assert found[0].layout.zero == 1 and found[0].layout.pp > 1, found[0].layout
 
 
 def test_zero_papers_figure_1() -> None:

@@ -7,7 +7,12 @@ item 4): one spawn of 8 ranks runs, with the package's own tools,
   axis -- DP (8x1x1), TP (1x1x8), PP (1x8x1) and their mixes;
 - chapter 5's schedules on pipelines of 4 ranks (GPipe, 1F1B, interleaved 1F1B);
 - chapter 4's block with tensor and with sequence parallelism (saved-tensor hooks);
-- chapter 9's ZeRO-1, ZeRO-2 and ZeRO-3 on a TinyGPT (bytes held);
+- chapter 9's ZeRO-1, ZeRO-2 and ZeRO-3 on a TinyGPT (bytes held), and their wire
+  bytes in a step as the ZeRO paper runs them: `FlatZero` stage 1 (reduce-scatter +
+  all-gather, 2 Psi; torch's ZeroRedundancyOptimizer moves 3 Psi, not modelled)
+  and stage 2, `fsdp.fully_shard` per block and root (resharding after forward or
+  not), with one and with two micro-batches (two backward passes before the step:
+  ZeRO-2/3 reduce-scatter each one's gradients);
 - chapter 3b's DDP, ours and torch's, with and without gradient_as_bucket_view;
 
 and each rank's numbers are compared with `distcourse.plan`: parameters, gradients,
@@ -22,13 +27,19 @@ import torch.distributed as dist
 
 from distcourse import plan, runtime
 from distcourse.bench import memory as ddp_memory
+from distcourse.comm.ledger import Ledger
 from distcourse.examples.gpt import Block, GPTConfig, TinyGPT, lm_loss, token_batches
 from distcourse.launch import spawn
 from distcourse.parallel import fsdp, hybrid
 from distcourse.parallel.ddp import DDP
 from distcourse.parallel.pipeline import Pipeline, gpipe, interleaved, one_f_one_b
 from distcourse.parallel.tensor import block_memory, parallelize_block
-from distcourse.parallel.zero import ShardedDDP, ZeroRedundancyOptimizer, held
+from distcourse.parallel.zero import (
+    FlatZero,
+    ShardedDDP,
+    ZeroRedundancyOptimizer,
+    held,
+)
 from distcourse.plan import memory as plan_memory
 from distcourse.plan import timing
 
@@ -128,6 +139,42 @@ def _zero(x: torch.Tensor, y: torch.Tensor) -> list[dict]:
     return out
 
 
+# (ZeRO stage, micro-batches, reshard after forward). FlatZero takes one backward a
+# step: at m = 2 stage 2 reduce-scatters each backward's gradients (the bytes the
+# planner charges) but each reduce-scatter replaces its piece's .grad, so the step
+# sees the last micro-batch's only; stage 1 also reduce-scatters at every backward
+# (the planner's ZeRO-1 sums full gradients and reduces once): measured at m = 1.
+# fully_shard accumulates its pieces' gradients over the micro-batches.
+WIRE = ((1, 1, True), (2, 1, True), (2, 2, True), (3, 1, True), (3, 2, True))
+WIRE += ((3, 2, False),)
+
+
+def _zero_wire(x: torch.Tensor, y: torch.Tensor) -> list[dict]:
+    """One step of each WIRE layout on the rank's rows, m backward passes before
+    `step()`; the ledger's bytes of that step."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    out = []
+    for stage, m, reshard in WIRE:
+        torch.manual_seed(0)
+        model = TinyGPT(CFG)
+        if stage == 3:
+            for block in model.blocks:
+                fsdp.fully_shard(block, reshard_after_forward=reshard)
+            net = fsdp.fully_shard(model, reshard_after_forward=reshard)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        else:
+            net = FlatZero(model, torch.optim.AdamW, stage=stage, lr=1e-3)
+            opt = net.optimizer
+        with Ledger() as ledger:
+            opt.zero_grad()
+            for xs, ys in zip(x[mine].chunk(m), y[mine].chunk(m), strict=True):
+                (lm_loss(net(xs), ys) / m).backward()
+            opt.step()
+        out.append(dict(stage=stage, m=m, reshard=reshard, wire=ledger.bytes_sent()))
+    return out
+
+
 def _on_ranks() -> dict:
     runtime.require_initialized()
     torch.set_num_threads(1)
@@ -137,6 +184,7 @@ def _on_ranks() -> dict:
         schedules=_schedules(x, y),
         blocks=_blocks(),
         zero=_zero(x, y),
+        zero_wire=_zero_wire(x, y),
         ddp=[
             dict(impl=impl, view=view, **ddp_memory.measure(impl, view, width=32))
             for impl in ("torch", "ours")
@@ -218,3 +266,25 @@ def test_chapter_3b_ddp_buckets_and_views(ranks: list[dict]) -> None:
             assert got["optimizer"] == want["optimizer"]
             buckets = plan_memory.bucket_bytes(FP32, layout, P)
             assert got["gradients"] + got["buckets"] == want["gradients"] + buckets
+
+
+def test_chapter_9_zero_wire_bytes_per_micro_batch(ranks: list[dict]) -> None:
+    """The ledger's bytes of a step equal the planner's dp wire bytes: ZeRO-1 and
+    ZeRO-2 at m = 1 move what DP's all-reduce moves (2 Psi, padded), ZeRO-2 at
+    m = 2 one reduce-scatter more, ZeRO-3 m x (gather, gather, scatter), kept
+    m x (gather, scatter)."""
+    got = {}
+    for found in ranks:
+        for r in found["zero_wire"]:
+            layout = plan.PlanLayout(
+                dp=8, zero=r["stage"], micro_batches=r["m"], reshard=r["reshard"]
+            )
+            planned = timing.rank_messages(MODEL, BATCH, FP32, layout, 0)["dp"][0]
+            assert r["wire"] == planned, (r, planned)
+            got[r["stage"], r["m"], r["reshard"]] = r["wire"]
+    assert len(got) == len(WIRE)
+    q = 4 * -(-MODEL.params // 8)  # a share's bytes; every message 7 of them
+    assert got[1, 1, True] == got[2, 1, True] == 2 * 7 * q
+    assert got[2, 2, True] == 3 * 7 * q
+    assert got[3, 2, True] == 2 * got[3, 1, True] == 2 * 3 * 7 * q
+    assert got[3, 2, False] == 2 * 2 * 7 * q

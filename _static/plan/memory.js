@@ -133,14 +133,31 @@
     return 0n;
   }
 
-  function buffers(model, b, policy, layout, groups) {
-    let reduced = 0n;
-    for (const [d, [n]] of groups) if (d > 1n) reduced += n;
+  /** The fp32 gradient accumulation buffer: 4 bytes a gradient element held (P,
+      or the share q under ZeRO-2/3) when m > 1 sum gradients of a narrower dtype. */
+  function accumulationBytes(policy, layout, groups) {
+    if (layout.micro_batches === 1n || policy.grad_bytes >= 4n) return 0n;
+    let held = 0n;
+    for (const [d, [n]] of groups) held += layout.zero >= 2n ? ceilDiv(n, d) : n;
+    return 4n * held;
+  }
+
+  function buffers(model, b, policy, layout, groups, blocks) {
+    let reduced = 0n, total = 0n;
+    for (const [d, [n]] of groups) {
+      if (d > 1n) reduced += n;
+      total += n;
+    }
     let out = bucketBytes(policy, layout, reduced);
+    out += accumulationBytes(policy, layout, groups);
     const e = policy.activation_bytes;
-    if (layout.zero === 3n && max([...groups.keys()]) > 1n) {
+    const sharded = layout.zero === 3n && max([...groups.keys()]) > 1n;
+    if (sharded && !layout.reshard) {
+      out += policy.weight_bytes * reduced;
+    } else if (sharded) {
       const block = blockParams(model.hidden, layout.tp) + P.blockDelta(model, layout);
-      out += 2n * policy.weight_bytes * block;
+      const root = total - blocks * block;
+      out += 2n * policy.weight_bytes * (block + root);
     }
     if (layout.ckpt !== "none") {
       out += blockBytes(model, b, layout, e, "none");
@@ -178,7 +195,8 @@
     } else {
       out.activations = inFlightBytes(units, layout, rank);
     }
-    out.buffers = buffers(model, b, policy, layout, groups);
+    const blocks = (BigInt(mine.length) * model.layers) / (layout.pp * layout.virtual);
+    out.buffers = buffers(model, b, policy, layout, groups, blocks);
     return out;
   }
 
@@ -197,6 +215,7 @@
   Object.assign(P, {
     ceilDiv, max, parametersHeld, blockParams, stageParams, stageTensors,
     rankStages, modelState, blockBytes, stageActivationBytes, inFlight,
-    inFlightBytes, bucketBytes, buffers, rankGroups, rankMemory, memory,
+    inFlightBytes, bucketBytes, accumulationBytes, buffers, rankGroups, rankMemory,
+    memory,
   });
 })();

@@ -121,11 +121,12 @@
       throw new Error(`zero (the ZeRO stage) must be 0, 1, 2 or 3, got ${repr(d.zero)}`);
     }
     L.zero = d.zero;
-    for (const name of ["sp", "bucket_view"]) {
-      if (typeof d[name] !== "boolean") {
-        throw new Error(`${name} must be true or false, got ${repr(d[name])}`);
+    for (const name of ["sp", "bucket_view", "reshard"]) {
+      const value = name === "reshard" ? (d.reshard ?? true) : d[name];
+      if (typeof value !== "boolean") {
+        throw new Error(`${name} must be true or false, got ${repr(value)}`);
       }
-      L[name] = d[name];
+      L[name] = value;
     }
     L.ckpt = choice(d.ckpt, "ckpt", CKPT);
     L.schedule = choice(d.schedule, "schedule", SCHEDULES);
@@ -142,6 +143,12 @@
       throw new Error(
         `dp=${L.dp} x tp=${L.tp} x pp=${L.pp}${extra} = ${L.gpus} GPUs, ` +
           `but there are ${gpus}`
+      );
+    }
+    if (!L.reshard && L.zero !== 3n) {
+      throw new Error(
+        "reshard=False (FSDP's reshard_after_forward=False) needs zero=3, " +
+          `got zero=${L.zero}`
       );
     }
     if (L.ep > 1n && !model.experts) {

@@ -5,12 +5,18 @@
   "use strict";
   const P = (window.dcPlan = window.dcPlan || {});
   const AXES = ["tp", "pp", "dp"];
+  // ZeRO stage -> [op, which bytes, once a "step" or every "micro"-batch]
   const DP_COLLECTIVES = {
-    0: [["all_reduce", "grad"]],
-    1: [["all_reduce", "grad"], ["all_gather", "weight"]],
-    2: [["reduce_scatter", "grad"], ["all_gather", "weight"]],
-    3: [["all_gather", "weight"], ["all_gather", "weight"], ["reduce_scatter", "grad"]],
+    0: [["all_reduce", "grad", "step"]],
+    1: [["reduce_scatter", "grad", "step"], ["all_gather", "weight", "step"]],
+    2: [["reduce_scatter", "grad", "micro"], ["all_gather", "weight", "step"]],
+    3: [
+      ["all_gather", "weight", "micro"],
+      ["all_gather", "weight", "micro"],
+      ["reduce_scatter", "grad", "micro"],
+    ],
   };
+  const KEPT = [["all_gather", "weight", "micro"], ["reduce_scatter", "grad", "micro"]];
   const ALPHA_STEPS = { all_reduce: 2n, all_gather: 1n, reduce_scatter: 1n };
   const RING_SHARE = {
     all_reduce: (n) => 2n * (n - 1n),
@@ -32,6 +38,15 @@
     const per = what === "grad" ? policy.reduce_bytes : policy.weight_bytes;
     const share = P.ceilDiv(total, d);
     return per * ({ all_reduce: total, reduce_scatter: d * share }[op] ?? share);
+  }
+
+  /** [op, which bytes, times in a step] of the layout's ZeRO stage: "micro" ones
+      m times; ZeRO-3 without reshard, KEPT. */
+  function dpCalls(layout) {
+    const kept = layout.zero === 3n && !layout.reshard;
+    const chosen = kept ? KEPT : DP_COLLECTIVES[layout.zero];
+    const m = layout.micro_batches;
+    return chosen.map(([op, what, when]) => [op, what, when === "micro" ? m : 1n]);
   }
 
   function stageFlops(model, b, layout, stage) {
@@ -94,9 +109,10 @@
     }
     let dp = 0n, dpSteps = 0n;
     for (const [d, [total]] of P.rankGroups(model, layout, rank)) {
-      for (const [op, what] of DP_COLLECTIVES[layout.zero]) {
-        dp += ringWireBytes(op, handedIn(op, what, policy, total, d), d);
-        dpSteps += ALPHA_STEPS[op] * (d - 1n);
+      for (const [op, what, times] of dpCalls(layout)) {
+        const nbytes = ringWireBytes(op, handedIn(op, what, policy, total, d), d);
+        dp += times * nbytes;
+        dpSteps += times * ALPHA_STEPS[op] * (d - 1n);
       }
     }
     Object.assign(out, { tp: [tp, tpSteps], pp: [pp, ppSteps], dp: [dp, dpSteps] });
@@ -143,7 +159,7 @@
   }
 
   Object.assign(P, {
-    AXES, ringWireBytes, handedIn, stageFlops, layoutAxes, axisLinks, rankMessages,
-    stepTime,
+    AXES, ringWireBytes, handedIn, dpCalls, stageFlops, layoutAxes, axisLinks,
+    rankMessages, stepTime,
   });
 })();

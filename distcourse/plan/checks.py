@@ -22,7 +22,8 @@ def check(
     split into m // pp equal rounds (`pipeline.schedules.interleaved`). (With
     pp = 1, micro_batches > 1 is gradient accumulation: the micro-batches run
     one after another, their gradients summed before one reduction. The package's
-    HybridGPT takes micro-batches only with a pipeline.)
+    HybridGPT takes micro-batches only with a pipeline.) reshard=False is FSDP's
+    reshard_after_forward=False: a ZeRO-3 setting only.
     """
     count(batch, "batch")
     L = layout
@@ -31,6 +32,11 @@ def check(
         raise ValueError(
             f"dp={L.dp} x tp={L.tp} x pp={L.pp}{extra} = {L.gpus} GPUs, "
             f"but there are {gpus}"
+        )
+    if not L.reshard and L.zero != 3:
+        raise ValueError(
+            f"reshard=False (FSDP's reshard_after_forward=False) needs zero=3, "
+            f"got zero={L.zero}"
         )
     if L.ep > 1 and not model.experts:
         raise ValueError(f"expert parallelism ep={L.ep} needs experts > 0")

@@ -6,7 +6,8 @@
     python -m distcourse.plan --explain     # every formula the planner uses
 
 Layout keys: dp, tp, pp, m (micro-batches), zero, sp, ckpt, schedule, v (stages per
-rank), bucket_view, ep, cp; 0/1 or true/false for sp and bucket_view. A mixture of
+rank), bucket_view, ep, cp, reshard (ZeRO-3: FSDP's reshard_after_forward, default
+1); 0/1 or true/false for sp, bucket_view and reshard. A mixture of
 experts: --experts E --top-k k --capacity-factor f (then ep may split them).
 `--fix zero=3,tp=8` searches only the layouts with those values (the search keeps
 ep = cp = 1 unless fixed). The hardware is a
@@ -45,7 +46,7 @@ def parse_fields(text: str) -> dict[str, object]:
         if not sep:
             raise ValueError(f"layout item {item!r} is not key=value")
         raw = raw.strip()
-        if key in ("sp", "bucket_view"):
+        if key in ("sp", "bucket_view", "reshard"):
             if raw.lower() not in ("0", "1", "true", "false"):
                 raise ValueError(f"{key} must be 0, 1, true or false, got {raw!r}")
             values[key] = raw.lower() in ("1", "true")
@@ -217,7 +218,8 @@ def run(argv: list[str]) -> str:
         f"seq {model.seq}, vocab {model.vocab}: {model.params:.3g} parameters; "
         f"batch {args.batch}; {policy.dtype} (reduce {policy.reduce}), "
         f"{policy.optimizer}",
-        f"hardware: {hw.name}, {hw.memory / GIB:.0f} GiB, "
+        f"hardware: {hw.name}, {hw.memory / hardware.GB:.0f} GB = "
+        f"{hw.memory / GIB:.1f} GiB, "
         f"{hw.rate(policy.dtype) / 1e12:.3g} TFLOP/s reached "
         f"({hw.efficiency:.0%} of peak)",
     ]

@@ -34,8 +34,23 @@ Buffers, the sum of:
     buckets    y x P if d > 1 and zero <= 1 and not bucket_view, else 0 (DDP's
                flat gradient buckets in the reduce dtype; with bucket_view the
                gradients are views into them)
-    ZeRO-3     2 x w x block, if zero = 3 and d > 1 (one block all-gathered, and
-               its gradient before the reduce-scatter)
+    accum      4 x (q if zero >= 2 else P), if m > 1 and g < 4 (a bf16 policy):
+               the fp32 gradient accumulation buffer the micro-batches' gradients
+               are summed in (bf16 would round each sum to 8 bits). ZeRO-2/3
+               reduce-scatter every micro-batch's gradients (`plan.timing`) and
+               sum only their share. Apart from the buckets, with bucket_view or
+               not: bucket_view makes .grad (g bytes) a view of a bucket; the
+               fp32 sum is a third array. So a bf16 rank under DP with m > 1
+               holds 2 + 2 + 12 + 4 = 20 bytes a parameter (the Ultra-Scale
+               Playbook's column), + y without bucket_view.
+    ZeRO-3     2 x w x (block + R), if zero = 3 and d > 1: one block all-gathered
+               and its gradient before the reduce-scatter, beside the root unit's
+               R = P - (the rank's blocks) x block elements (embeddings on the
+               first stage, final norm and head on the last: FSDP wraps each
+               block and the root, whose parameters stay gathered from the first
+               block's forward to the embedding's gradient, the last of
+               backward) and its gradient; with reshard False, w x P instead
+               (every parameter stays gathered from forward to backward)
     ckpt       block_none (below), if ckpt is not "none" (one block's
                activations recomputed in backward, on top of what is held)
 
@@ -218,7 +233,8 @@ def rank_memory(
         out["activations"] = in_flight(layout, rank) * units[0]
     else:
         out["activations"] = in_flight_bytes(units, layout, rank)
-    out["buffers"] = buffers(model, b, policy, layout, groups)
+    blocks = len(mine) * model.layers // (layout.pp * layout.virtual)
+    out["buffers"] = buffers(model, b, policy, layout, groups, blocks)
     return out
 
 
@@ -243,21 +259,39 @@ def bucket_bytes(policy: DTypePolicy, layout: PlanLayout, total: int) -> int:
     return 0
 
 
+def accumulation_bytes(
+    policy: DTypePolicy, layout: PlanLayout, groups: dict[int, tuple[int, int]]
+) -> int:
+    """The fp32 gradient accumulation buffer: 4 bytes a gradient element held (P,
+    or the share q under ZeRO-2/3), when m > 1 micro-batches sum gradients of a
+    narrower dtype; 0 otherwise (fp32 gradients accumulate in place)."""
+    if layout.micro_batches == 1 or policy.grad_bytes >= 4:
+        return 0
+    held = (ceil_div(n, d) if layout.zero >= 2 else n for d, (n, _) in groups.items())
+    return 4 * sum(held)
+
+
 def buffers(
     model: ModelSpec,
     b: int,
     policy: DTypePolicy,
     layout: PlanLayout,
     groups: dict[int, tuple[int, int]],
+    blocks: int,
 ) -> int:
-    """Gradient buckets (DP), gathered blocks (ZeRO-3), a recomputed block (ckpt),
-    dispatch rows and ring messages (`axes.axis_buffers`)."""
+    """Gradient buckets (DP), the fp32 accumulation buffer, gathered units or
+    parameters (ZeRO-3), a recomputed block (ckpt), dispatch rows and ring
+    messages (`axes.axis_buffers`), on a rank of `blocks` blocks."""
     reduced = sum(n for d, (n, _) in groups.items() if d > 1)
     out = bucket_bytes(policy, layout, reduced)
+    out += accumulation_bytes(policy, layout, groups)
     e = policy.activation_bytes
-    if layout.zero == 3 and max(groups) > 1:
+    if layout.zero == 3 and max(groups) > 1 and not layout.reshard:
+        out += policy.weight_bytes * reduced
+    elif layout.zero == 3 and max(groups) > 1:
         block = block_params(model.hidden, layout.tp) + axes.block_delta(model, layout)
-        out += 2 * policy.weight_bytes * block
+        root = sum(n for n, _ in groups.values()) - blocks * block
+        out += 2 * policy.weight_bytes * (block + root)
     if layout.ckpt != "none":
         out += block_bytes(model, b, layout, e, "none")
     return out + axes.axis_buffers(model, layout, b * model.seq // layout.cp, e)

@@ -124,6 +124,12 @@ def divisors(n: int) -> list[int]:
 
 
 DEGREES = ("dp", "tp", "pp", "micro_batches")
+CHOICES = {  # ZeRO stage -> the (bucket_view, reshard) pairs the search tries
+    0: ((True, True), (False, True)),
+    1: ((True, True), (False, True)),
+    2: ((True, True),),  # no DDP buckets under ZeRO-2/3: bucket_view is moot
+    3: ((True, True), (True, False)),
+}
 
 
 def candidates(
@@ -135,8 +141,12 @@ def candidates(
 ) -> list[PlanLayout]:
     """Every layout worth trying on `gpus`: tp within a node; m any divisor of the
     share (at least pp: 1F1B, or interleaved 1F1B with 2 stages per rank; with
-    pp = 1, gradient accumulation); with tp > 1 sequence parallelism on;
-    gradients as bucket views; ZeRO 0-3; checkpointing none, selective, full.
+    pp = 1, gradient accumulation); with tp > 1 sequence parallelism on; ZeRO
+    0-3; under ZeRO 0 and 1 gradients as bucket views and not (the views save
+    the buckets' bytes at no time in this model: `search` takes them on a tie),
+    under ZeRO-3 resharding after forward and not (kept: one all-gather a
+    micro-batch fewer, every parameter held); checkpointing none, selective,
+    full.
     `fixed` (PlanLayout keys) keeps the degrees it names and sets the other
     fields (ep and cp stay 1 unless fixed; then dp x tp x pp fill the rest).
     Impossible layouts are left out."""
@@ -154,16 +164,18 @@ def candidates(
         ms = [m for m in divisors(share) if m >= pp]
         runs = [("1f1b", 1), ("interleaved", 2)] if pp > 1 else [("1f1b", 1)]
         for m, zero, ckpt, (schedule, v) in itertools.product(ms, range(4), CKPT, runs):
-            plain = PlanLayout(dp, tp, pp, m, zero, tp > 1, ckpt, schedule, v, True)
-            layout = dataclasses.replace(plain, **fixed)
-            if any(getattr(layout, k) != v for k, v in keep.items()):
-                continue
-            try:
-                check(model, batch, layout, gpus)
-            except ValueError:
-                continue
-            if layout not in found:
-                found.append(layout)
+            plain = PlanLayout(dp, tp, pp, m, zero, tp > 1, ckpt, schedule, v)
+            for view, reshard in CHOICES[fixed.get("zero", zero)]:
+                chosen = dataclasses.replace(plain, bucket_view=view, reshard=reshard)
+                layout = dataclasses.replace(chosen, **fixed)
+                if any(getattr(layout, k) != v for k, v in keep.items()):
+                    continue
+                try:
+                    check(model, batch, layout, gpus)
+                except ValueError:
+                    continue
+                if layout not in found:
+                    found.append(layout)
     return found
 
 

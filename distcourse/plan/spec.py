@@ -11,11 +11,12 @@ values, with these key names (stable: the HTML book's planner reads them):
     layout  dp, tp, pp, micro_batches, zero (0-3), sp (bool), ckpt ("none" |
             "selective" | "full"), schedule ("gpipe" | "1f1b" | "interleaved"),
             virtual (stages per rank, interleaved only), bucket_view (bool),
-            ep, cp (chapter 12's expert and context parallelism; `plan.axes`)
+            ep, cp (chapter 12's expert and context parallelism; `plan.axes`),
+            reshard (bool, ZeRO-3 only: FSDP's reshard_after_forward)
 
 The MoE keys appear in `to_dict` only with experts > 0, ep and cp only above 1,
-as the prediction's cp and ep times and bytes: a chapter 10 input's dict is
-unchanged.
+reshard only when false, as the prediction's cp and ep times and bytes: a
+chapter 10 input's dict is unchanged.
 
 The model is `examples.gpt.TinyGPT`'s shape: L blocks of width h with a heads,
 learned positions for seq tokens, a vocabulary of V, an untied head. Its
@@ -204,7 +205,13 @@ class DTypePolicy:
 
 @dataclass(frozen=True)
 class PlanLayout:
-    """Degrees (dp x tp x pp x ep x cp GPUs) and how each rank runs its part."""
+    """Degrees (dp x tp x pp x ep x cp GPUs) and how each rank runs its part.
+
+    `bucket_view`: the gradients are views into DDP's buckets (no second copy in
+    the reduce dtype; ZeRO 0 and 1 only). `reshard` (ZeRO-3 only): FSDP's
+    reshard_after_forward; False keeps every gathered parameter from forward to
+    backward (one all-gather a micro-batch instead of two, `plan.timing`).
+    """
 
     dp: int = 1
     tp: int = 1
@@ -218,6 +225,7 @@ class PlanLayout:
     bucket_view: bool = False
     ep: int = 1
     cp: int = 1
+    reshard: bool = True
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batches", "virtual", "ep", "cp"):
@@ -226,7 +234,7 @@ class PlanLayout:
             raise ValueError(
                 f"zero (the ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}"
             )
-        for name in ("sp", "bucket_view"):
+        for name in ("sp", "bucket_view", "reshard"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"{name} must be true or false, got {getattr(self, name)!r}"
@@ -253,11 +261,14 @@ class PlanLayout:
         return f"{self.dp}x{self.tp}x{self.pp}{extra}"
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field; ep and cp only above 1 (chapter 10's dict otherwise)."""
+        """Every field; ep and cp only above 1, reshard only when false (chapter
+        10's dict otherwise)."""
         out = asdict(self)
         for key in ("ep", "cp"):
             if out[key] == 1:
                 del out[key]
+        if out["reshard"]:
+            del out["reshard"]
         return out
 
     @classmethod

@@ -1,5 +1,11 @@
-"""Seconds of one training step: compute, the pipeline's bubble, and each axis's
-messages under the alpha-beta model (chapter 2), with no overlap between them.
+"""A model of the seconds of one training step: compute, the pipeline's bubble, and
+each axis's messages under the alpha-beta model (chapter 2). A model with stated
+assumptions, not a measurement and not a bound: compute runs at one rate (the
+hardware's, for the policy's dtype); every message is a ring collective or a
+send costing steps x alpha + bytes x beta on its axis's link; nothing overlaps
+(compute, bubble and each axis are added end to end, which makes it long); no
+launch, Python, framework, optimizer or elementwise time is counted (which
+makes it short). `python -m distcourse.bench plan` sets it beside measured steps.
 
 Notation as in `plan.memory`; R the hardware's rate for the policy's dtype
 (`Hardware.rate`), and a link's (alpha, beta) per axis: with TP innermost (the grid
@@ -34,15 +40,26 @@ A = n h e, the bytes of one activation. Over the rank's stages k:
         same alpha steps.)
     pp  sends = [k not last] + [k not 0] if p > 1, else 0: bytes m sends A,
         steps m sends.
-    dp  once per step on the rank's P parameters, q = ceil(P / d) its share
-        (padded: every piece of a reduce-scatter or all-gather is q elements):
-        all-reduce of the gradients AR(y P, d) = 2 (d - 1) y P // d; a
-        reduce-scatter of them RS = (d - 1) y q; an all-gather of the weights
-        AG = (d - 1) w q (each rank hands in its q):
-        ZeRO 0  AR                 steps 2 (d - 1)
-        ZeRO 1  AR + AG            steps 3 (d - 1)
-        ZeRO 2  RS + AG            steps 2 (d - 1)
-        ZeRO 3  AG + AG + RS       steps 3 (d - 1)  (forward, backward, grads)
+    dp  on the rank's P parameters, q = ceil(P / d) its share (padded: every
+        piece of a reduce-scatter or all-gather is q elements): all-reduce of
+        the gradients AR(y P, d) = 2 (d - 1) y P // d; a reduce-scatter of them
+        RS = (d - 1) y q; an all-gather of the weights AG = (d - 1) w q (each
+        rank hands in its q). With m micro-batches (gradient accumulation, or a
+        pipeline's), a stage that holds full gradients sums them over the
+        micro-batches and reduces once; one that holds only its share must
+        reduce-scatter every micro-batch's (DeepSpeed refuses ZeRO-2/3 with a
+        pipeline for that reason):
+        ZeRO 0  AR                       steps 2 (d - 1)
+        ZeRO 1  RS + AG                  steps 2 (d - 1)
+        ZeRO 2  m RS + AG                steps (m + 1) (d - 1)
+        ZeRO 3  m (AG + AG + RS)         steps 3 m (d - 1)  (forward, backward,
+                                         grads: FSDP, reshard_after_forward)
+        ZeRO 3  m (AG + RS), reshard False   steps 2 m (d - 1)  (the gathered
+                                         weights kept from forward to backward)
+        ZeRO-1 is the paper's (section 7.2.1) and DeepSpeed's, 2 Psi as DP: our
+        `parallel.zero.FlatZero(stage=1)`. torch's ZeroRedundancyOptimizer runs
+        DDP's all-reduce and then broadcasts the parameters (3 Psi): not what
+        the planner models.
 
 Seconds per axis: the max over pipeline ranks of steps x alpha + bytes x beta,
 with the axis's link's (alpha, beta); `wire` is the max over ranks of the bytes.
@@ -68,12 +85,17 @@ from distcourse.plan.memory import rank_groups, rank_stages
 from distcourse.plan.spec import DTypePolicy, ModelSpec, PlanLayout
 
 AXES = ("tp", "pp", "dp")
-DP_COLLECTIVES = {  # ZeRO stage -> (op, which bytes) in one step
-    0: (("all_reduce", "grad"),),
-    1: (("all_reduce", "grad"), ("all_gather", "weight")),
-    2: (("reduce_scatter", "grad"), ("all_gather", "weight")),
-    3: (("all_gather", "weight"), ("all_gather", "weight"), ("reduce_scatter", "grad")),
+DP_COLLECTIVES = {  # ZeRO stage -> (op, which bytes, once a "step" or a "micro")
+    0: (("all_reduce", "grad", "step"),),
+    1: (("reduce_scatter", "grad", "step"), ("all_gather", "weight", "step")),
+    2: (("reduce_scatter", "grad", "micro"), ("all_gather", "weight", "step")),
+    3: (
+        ("all_gather", "weight", "micro"),
+        ("all_gather", "weight", "micro"),
+        ("reduce_scatter", "grad", "micro"),
+    ),
 }
+KEPT = (("all_gather", "weight", "micro"), ("reduce_scatter", "grad", "micro"))
 ALPHA_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (k - 1)
 
 
@@ -84,6 +106,15 @@ def handed_in(op: str, what: str, policy: DTypePolicy, total: int, d: int) -> in
     per = policy.reduce_bytes if what == "grad" else policy.weight_bytes
     share = -(-total // d)
     return per * {"all_reduce": total, "reduce_scatter": d * share}.get(op, share)
+
+
+def dp_calls(layout: PlanLayout) -> list[tuple[str, str, int]]:
+    """(op, which bytes, how many times in a step) of the layout's ZeRO stage:
+    `DP_COLLECTIVES`, "micro" ones m times; ZeRO-3 without reshard, `KEPT`."""
+    m = layout.micro_batches
+    calls = KEPT if layout.zero == 3 and not layout.reshard else None
+    chosen = calls or DP_COLLECTIVES[layout.zero]
+    return [(op, what, m if when == "micro" else 1) for op, what, when in chosen]
 
 
 def stage_flops(model: ModelSpec, b: int, layout: PlanLayout, stage: int) -> int:
@@ -143,9 +174,10 @@ def rank_messages(
         pp_steps += m * sends
     dp = dp_steps = 0
     for d, (total, _) in rank_groups(model, layout, rank).items():
-        for op, what in DP_COLLECTIVES[layout.zero]:
-            dp += ring_wire_bytes(op, handed_in(op, what, policy, total, d), d)
-            dp_steps += ALPHA_STEPS[op] * (d - 1)
+        for op, what, times in dp_calls(layout):
+            nbytes = ring_wire_bytes(op, handed_in(op, what, policy, total, d), d)
+            dp += times * nbytes
+            dp_steps += times * ALPHA_STEPS[op] * (d - 1)
     out.update(tp=(tp, tp_steps), pp=(pp, pp_steps), dp=(dp, dp_steps))
     return out
 
