@@ -135,6 +135,32 @@ def _peaks(rank: int) -> dict:
     return out
 
 
+def _micro(rank: int, world: int) -> dict:
+    """Step 1's gradient pieces from two micro-batches of the rank's rows (loss / 2
+    each), against one process; and the reduce-scatters each backward sends."""
+    x, y = ex.batch(0, rank)
+    out = {}
+    for label, stage, sync_first in (
+        ("1", 1, True),
+        ("2", 2, True),
+        ("1 nosync", 1, False),
+    ):
+        net = FlatZero(
+            ex.uneven_mlp(), torch.optim.SGD, stage=stage, bucket_cap_mb=SMALL, lr=0.1
+        )
+        with Ledger() as ledger:
+            for half, sync in zip(range(2), (sync_first, True), strict=True):
+                if stage == 1:
+                    net.set_requires_gradient_sync(sync)
+                rows = slice(half * ex.ROWS // 2, (half + 1) * ex.ROWS // 2)
+                (F.mse_loss(net(x[rows]), y[rows]) / 2).backward()
+        got = torch.cat([p.grad for p in net.pieces])
+        want = net.layout.pieces(net.layout.flatten(_reference_gradients(world)), rank)
+        scatters = sum(_family(r.op) == "reduce_scatter" for r in ledger.records)
+        out[label] = (got - want).abs().max().item(), scatters, len(net.layout.regions)
+    return out
+
+
 def _on_ranks() -> dict:
     info = runtime.require_initialized()
     rank, world = info.rank, info.world_size
@@ -145,6 +171,7 @@ def _on_ranks() -> dict:
                 out[kind, stage, name] = _train_flat(kind, stage, cap, rank, world)
     out["bytes"] = _bytes(rank)
     out["peaks"] = _peaks(rank)
+    out["micro"] = _micro(rank, world)
     return out
 
 
@@ -346,3 +373,21 @@ def test_layout_pieces_are_even_and_straddle_parameters() -> None:
     flat = small.flatten([torch.full(s, float(i)) for i, s in enumerate(SHAPES)])
     assert flat[24:31].eq(3).all() and flat[102:104].eq(0).all()  # 2.bias, padding
     assert small.pieces(flat, 1).numel() == 176 // 4
+
+
+def test_micro_batches_accumulate_as_one_process(results: list[dict]) -> None:
+    """Two backward passes before a step sum their gradients (each reduce-scatters,
+    stage 2 must); stage 1 without sync on the first reduce-scatters once."""
+    for r in results:
+        for label, (diff, scatters, regions) in r["micro"].items():
+            assert diff <= ATOL, (label, diff)
+            assert scatters == regions * (1 if label == "1 nosync" else 2), label
+
+
+def test_stage_2_refuses_to_skip_the_sync() -> None:
+    def run() -> None:
+        net = FlatZero(ex.uneven_mlp(), torch.optim.SGD, stage=2, lr=0.1)
+        with pytest.raises(ValueError, match="stage 2 keeps only this rank's piece"):
+            net.set_requires_gradient_sync(False)
+
+    spawn(run, 2, timeout=30)

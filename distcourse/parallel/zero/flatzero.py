@@ -52,7 +52,9 @@ class FlatZero(nn.Module):
     on the module's parameter and buffer names, shapes and dtypes and on every
     argument (another model on one rank: a ValueError on every rank naming it), then
     take rank 0's values, as DDP does. Every parameter must get a gradient in every
-    backward; one backward per step (no accumulation over backward passes). After
+    backward. Several backward passes before a step accumulate (micro-batches):
+    each reduce-scatters its gradients and the pieces' `.grad` sum them, unless
+    stage 1 is told `set_requires_gradient_sync(False)` for all but the last. After
     backward the averaged gradient is in the pieces' `.grad` (`self.pieces`), not
     the module's: stage 1 zeroes its flat gradient for the next backward, stage 2
     has dropped each one. The optimizer's options apply to every piece alike (no
@@ -113,11 +115,25 @@ class FlatZero(nn.Module):
         self.ready = [False] * len(self.params)
         self.next = 0  # regions are reduced in index order, the same on every rank
         self.in_backward = False
+        self.sync = True
         self.meter = GradientMeter(
             self.params, extra=self.gradient_buffers, hooks=False
         )
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._hook(i))
+
+    def set_requires_gradient_sync(self, requires: bool) -> None:
+        """Stage 1: False lets the next backward passes sum their gradients in the
+        full flat buffer without reducing them (FSDP2's name, DDP's `no_sync`); the
+        first backward after True reduce-scatters the sum once. Stage 2 holds no
+        full gradients to sum in: each backward must reduce-scatter its own."""
+        if self.stage == 2 and not requires:
+            raise ValueError(
+                "FlatZero: stage 2 keeps only this rank's piece of the gradients, "
+                "so every backward reduce-scatters; use stage 1 to accumulate "
+                "without sync"
+            )
+        self.sync = bool(requires)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The module's forward; whatever a failed backward left is forgotten."""
@@ -198,7 +214,11 @@ class FlatZero(nn.Module):
         becomes the gradient of its optimizer tensor."""
         piece = self.flat.new_empty(self.layout.regions[k].size // self.world)
         torchcompat.reduce_scatter_tensor(piece, full, self.group)
-        self.pieces[k].grad = piece.div_(self.world)
+        grad = self.pieces[k].grad
+        if grad is None:  # the step's first backward
+            self.pieces[k].grad = piece.div_(self.world)
+        else:  # another micro-batch: gradients accumulate, as .grad does
+            grad.add_(piece.div_(self.world))
 
     def finish(self) -> None:
         """The end of backward (queued by its first gradient): check that every
@@ -215,6 +235,8 @@ class FlatZero(nn.Module):
             )
         if self.grad_flat is None:
             self.reduce_full_buckets(at_end=True)
+            return
+        if not self.sync:  # stage 1 without sync: the full gradients accumulate
             return
         for region in self.layout.regions:
             self.reduce_region(region.index, self.grad_flat[region.span()])
