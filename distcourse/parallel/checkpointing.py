@@ -16,6 +16,12 @@ Two policies on a transformer block, as Korthikanti et al. 2022 name them:
   kernel, `torch.nn.attention.sdpa_kernel(SDPBackend.MATH)`), it saves the s x s
   term.
 
+`TorchSelective(block, save)` is the same idea in torch's own API,
+`create_selective_checkpoint_contexts`: a policy function says, op by op, which
+outputs to keep (`MUST_SAVE`) and which to compute again (`PREFER_RECOMPUTE`); what
+it keeps is cached beside autograd, every output of a kept op, needed for backward
+or not.
+
 `step_cost` measures what a policy costs: the FLOPs one forward and backward runs
 (counted op by op by torch's FlopCounterMode, recompute included) and its time.
 """
@@ -29,7 +35,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 from torch.utils.flop_counter import (
     FlopCounterMode,
     sdpa_backward_flop_count,
@@ -81,6 +91,50 @@ class SelectivelyCheckpointed(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         with RecomputeAttentionCore():
             return self.block(x)
+
+
+ATTENTION_OPS = tuple(
+    getattr(torch.ops.aten, name).default
+    for name in (
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    )
+    if hasattr(torch.ops.aten, name)
+)
+MATMUL_OPS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+
+
+class TorchSelective(nn.Module):
+    """`block` under torch's selective activation checkpointing: the outputs of
+    the ops in `save` are kept, every other op is computed again in backward.
+    `preserve_rng_state` as torch's `checkpoint` (False: a dropout mask drawn
+    again differs, and so do the gradients)."""
+
+    def __init__(
+        self, block: nn.Module, save: tuple, preserve_rng_state: bool = True
+    ) -> None:
+        super().__init__()
+        self.block, self.save, self.preserve = block, save, preserve_rng_state
+
+    def policy(self, _ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> Any:
+        """torch calls this for every op of the forward: keep it or compute again."""
+        if op in self.save:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    def forward(self, x: Tensor) -> Tensor:
+        def contexts() -> Any:
+            return create_selective_checkpoint_contexts(self.policy)
+
+        return checkpoint(
+            self.block,
+            x,
+            use_reentrant=False,
+            context_fn=contexts,
+            preserve_rng_state=self.preserve,
+        )
 
 
 def with_policy(block: nn.Module, policy: str) -> nn.Module:
