@@ -1,0 +1,20 @@
+"""Chapter 13 as a script: a TinyGPT learns the book's own text on any layout.
+
+torchrun --nproc-per-node 8 book/scripts/train_gpt.py --dp 2 --pp 2 --tp 2 \
+    --micro-batches 2 --steps 200 --ckpt-dir ckpt --ckpt-every 50 \
+    --curve loss.png --compare
+
+Flags: the layout (--dp --pp --tp --micro-batches (alias --m, which torchrun's
+own parser refuses as ambiguous) --schedule --ckpt --zero/--fsdp --dtype),
+the run (--steps --batch --seq --lr --optimizer sgd|adamw --warmup --seed
+--layers), checkpoints (--ckpt-dir, --ckpt-every: DCP, atomic; a second run with
+the same --ckpt-dir resumes, on any layout), --compare (against one process),
+--curve PATH (the loss curve, PNG), --quiet (no progress bar), --check (check
+the layout and start no rank: `python book/scripts/train_gpt.py --check ...`).
+Everything lives in distcourse.train (cli.main); this file only starts it.
+"""
+
+from distcourse.train.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""The script's flags become a layout and a run, and `--check` accepts or refuses a
+layout by name with no rank started (the script's torchrun runs are in
+test_scripts_train_gpt.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from distcourse.train.cli import main, parser, settings
+from distcourse.train.layout import TrainLayout
+
+
+def test_flags_become_the_layout_and_the_run() -> None:
+    args = parser().parse_args(
+        ["--dp", "2", "--pp", "2", "--tp", "2", "--m", "4", "--ckpt", "full"]
+        + ["--optimizer", "sgd", "--lr", "0.5", "--steps", "7", "--layers", "2"]
+        + ["--ckpt-dir", "out", "--ckpt-every", "3", "--seed", "5"]
+    )
+    layout, run = settings(args)
+    assert layout == TrainLayout(dp=2, pp=2, tp=2, micro_batches=4, ckpt="full")
+    assert (run.optimizer, run.lr, run.steps, run.n_layer) == ("sgd", 0.5, 7, 2)
+    assert (run.ckpt_dir, run.ckpt_every, run.seed) == ("out", 3, 5)
+
+
+def test_micro_batches_has_a_long_name_torchrun_accepts() -> None:
+    layout, _ = settings(parser().parse_args(["--pp", "2", "--micro-batches", "2"]))
+    assert layout.micro_batches == 2
+    layout, run = settings(parser().parse_args(["--fsdp", "--dp", "4"]))
+    assert layout.fsdp and run.optimizer == "adamw" and run.ckpt_dir is None
+
+
+def test_check_refuses_a_pair_by_name_and_accepts_a_layout(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as ended:
+        main(["--check", "--dp", "2", "--pp", "2", "--fsdp"])
+    assert ended.value.code == 2
+    assert "--fsdp with --pp 2" in capsys.readouterr().err
+    main(["--check", "--dp", "2", "--pp", "2", "--micro-batches", "2"])
+    assert capsys.readouterr().out == (
+        "2x2x1 m2 1f1b (dp x pp x tp) fits 4 ranks: accepted\n"
+    )

@@ -1,0 +1,63 @@
+"""The trainer's layout: accepted layouts, and refusals that name the flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from distcourse.examples.gpt import GPTConfig
+from distcourse.train.layout import TrainLayout, accepted, check
+
+CFG = GPTConfig(vocab=144, block_size=32, n_layer=4, n_head=4, n_embd=32)
+
+
+def test_accepted_layouts_of_4_and_8_ranks() -> None:
+    four = [lay.name for lay in accepted(4, CFG)]
+    assert four == [
+        "4x1x1",
+        "2x2x1 m2 1f1b",
+        "2x1x2",
+        "1x4x1 m2 1f1b",
+        "1x2x2 m2 1f1b",
+        "1x1x4",
+    ]
+    eight = [lay.name for lay in accepted(8, CFG)]
+    assert "1x8x1 m2 1f1b" not in eight  # 4 blocks do not cut into 8 stages
+    assert "1x1x8" not in eight  # 4 heads do not split 8 ways
+    assert len(eight) == 8
+
+
+@pytest.mark.parametrize(
+    ("layout", "world", "words"),
+    [
+        (TrainLayout(dp=2, pp=2, fsdp=True), 4, "--fsdp with --pp 2"),
+        (TrainLayout(dp=2, tp=2, zero=3), 4, "--zero 3 with --tp 2"),
+        (TrainLayout(dp=4, zero=1), 4, "--zero 1: this trainer shards with FSDP"),
+        (TrainLayout(dp=4, zero=5), 4, "--zero 5"),
+        (TrainLayout(dp=4, fsdp=True, ckpt="full"), 4, "--ckpt full with --fsdp"),
+        (TrainLayout(dp=2, pp=2, schedule="gpipe"), 4, "--schedule gpipe"),
+        (TrainLayout(dp=4, ckpt="selective"), 4, "--ckpt selective"),
+        (TrainLayout(dp=4, dtype="bfloat16"), 4, "--dtype bfloat16"),
+        (TrainLayout(dp=4, micro_batches=2), 4, "--m 2 with --pp 1"),
+        (TrainLayout(dp=2, pp=2), 8, "= 4 ranks, but the world has 8"),
+        (TrainLayout(pp=8), 8, "n_layer=4 blocks do not divide into pp=8"),
+        (TrainLayout(tp=8), 8, "n_head=4 is not divisible by tp=8"),
+        (TrainLayout(dp=3), 3, "a batch of 8 does not split into dp=3"),
+        (TrainLayout(dp=2, pp=2, micro_batches=3), 4, "into 3 micro-batches"),
+    ],
+)
+def test_refused_before_any_rank_by_name(
+    layout: TrainLayout, world: int, words: str
+) -> None:
+    with pytest.raises(ValueError, match=words.replace("(", r"\(")):
+        check(layout, CFG, world, batch=8)
+
+
+def test_fsdp_and_zero3_on_data_parallel_layouts_are_accepted() -> None:
+    check(TrainLayout(dp=4, fsdp=True), CFG, 4)
+    check(TrainLayout(dp=8, zero=3), CFG, 8)
+    assert TrainLayout(dp=4, zero=3).name == "4x1x1 zero3"
+
+
+def test_counts_are_checked_at_construction() -> None:
+    with pytest.raises(ValueError, match="dp"):
+        TrainLayout(dp=0)
