@@ -126,8 +126,8 @@ def step(
 
 def run(name: str, cfg: GPTConfig, batches: list[tuple[Tensor, Tensor]]) -> dict:
     """Train layout `name` on this rank's rows of `batches` (global batches, the
-    same on every rank); the last step measured. Returns peak, wire, activations
-    (bytes) and the last loss."""
+    same on every rank); the last step measured. Returns its peak, wire and
+    activation bytes."""
     rank, world, device = dist.get_rank(), dist.get_world_size(), runtime.device()
     m = LAYOUTS[name].get("micro_batches", 1)
     mine = [
