@@ -10,6 +10,8 @@ the path, as tests/ is not a package).
 - `torchrun`: the arguments after `python` that start torchrun on this machine with
   a free port of its own, never torchrun's default 29500, which two test runs at
   once would share;
+- `two_nodes`: a script on 8 ranks as 2 torchrun "nodes" x 4 processes on
+  loopback (c10d rendezvous), each node's (status, stdout, stderr);
 - `timed_error` / `disagreements`: the error each rank's bad call raised and how
   soon, for checks that ranks which disagree are named within seconds;
 - `torch_sequence_parallel_plan`: torch's `parallelize_module` plan for a TinyGPT
@@ -19,8 +21,12 @@ the path, as tests/ is not a package).
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +77,39 @@ def torchrun(ranks: int) -> list[str]:
         "--master-port",
         str(free_port()),
     ]
+
+
+def two_nodes(
+    script: list[str], rdzv_id: str, timeout: float = 240
+) -> list[tuple[int, str, str]]:
+    """Run `script` (its path and flags) on 2 torchrun agents of 4 ranks each, their
+    rendezvous on loopback only; each agent's (returncode, stdout, stderr). c10d
+    numbers the nodes in order of arrival: rank 0 is on either."""
+    port = free_port()
+    agent = [
+        sys.executable,
+        *("-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "4"),
+        *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"{LOOPBACK}:{port}"),
+        *("--rdzv-id", rdzv_id, "--local-addr", LOOPBACK),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DISTCOURSE_DEVICE": "cpu"}
+    nodes = [
+        subprocess.Popen(
+            [*agent, "--node-rank", str(i), *script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+            env=env,
+        )
+        for i in range(2)
+    ]
+    try:
+        outs = [node.communicate(timeout=timeout) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()  # no-op if it ended; never leave one behind
+    return [(n.returncode, o, e) for n, (o, e) in zip(nodes, outs, strict=True)]
 
 
 def refused_alike(fn: Callable[[], dict], ranks: int = 2) -> dict:

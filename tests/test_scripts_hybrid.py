@@ -10,73 +10,21 @@ choice that no option changes (ARCHITECTURE.md, "What listens where")."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
-
 import torch
+from helpers import two_nodes
 
 from distcourse.examples.gpt import GPTConfig, TinyGPT, token_batches, train_lm
 
-ROOT = Path(__file__).resolve().parents[1]
-LOOPBACK = "127.0.0.1"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
-
-
-def _node(rank: int, port: int) -> subprocess.Popen:
-    """One torchrun agent: a "node" of 4 ranks, rendezvous on loopback only."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "2",
-            "--node-rank",
-            str(rank),
-            "--nproc-per-node",
-            "4",
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            f"{LOOPBACK}:{port}",
-            "--rdzv-id",
-            "hybrid-test",
-            "--local-addr",
-            LOOPBACK,
-            "book/scripts/hybrid_train.py",
-            "--steps",
-            "8",
-            "--compare",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "DISTCOURSE_DEVICE": "cpu"},
-    )
-
 
 def test_two_nodes_of_four_train_to_one_process_losses() -> None:
-    port = _free_port()
-    nodes = [_node(0, port), _node(1, port)]
-    try:
-        outs = [node.communicate(timeout=240) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()  # no-op if it ended; never leave one behind
-    for node, (_, err) in zip(nodes, outs, strict=True):
-        assert node.returncode == 0, err[-3000:]
+    nodes = two_nodes(
+        ["book/scripts/hybrid_train.py", "--steps", "8", "--compare"], "hybrid-test"
+    )
+    for status, _, err in nodes:
+        assert status == 0, err[-3000:]
     # c10d numbers the nodes in order of arrival (--node-rank is ignored): rank 0
     # and its lines are on either; the other node's ranks print nothing
-    first, second = sorted((out.splitlines() for out, _ in outs), key=len)[::-1]
+    first, second = sorted((out.splitlines() for _, out, _ in nodes), key=len)[::-1]
     assert second == []
     torch.manual_seed(0)  # what the script computes, here in one process
     alone = train_lm(TinyGPT(GPTConfig()), token_batches(8, 8, GPTConfig()))

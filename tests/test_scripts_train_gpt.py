@@ -1,24 +1,37 @@
-"""Chapter 13's script under torchrun: 2 gloo ranks as a pipeline (1x2x1) of 2
-micro-batches train the book's text, --compare passes against one process (SGD,
-then AdamW), checkpoints land in --ckpt-dir and the loss curve in --curve; a
-second torchrun on 1 rank resumes where the first stopped (steps 5-6). More
-layouts, and 8 ranks resumed on 4, run in process (test_train_compare.py,
+"""Chapter 13's script under torchrun.
+
+- 2 gloo ranks as a pipeline (1x2x1) of 2 micro-batches train the book's text for
+  8 steps: --compare passes against one process (SGD, then AdamW), checkpoints
+  land every 2 steps in --ckpt-dir, the loss curve in --curve, losses in --losses.
+- The fault drill: the same run under `torchrun --max-restarts 1` with rank 1
+  killed by SIGKILL in step 5's forward pass (--kill 1:5). torchrun restarts the
+  group, it resumes from step_4, and its losses equal the uninterrupted run's bit
+  for bit (CPU, same layout). Then 1 rank resumes its checkpoint for steps 7-8
+  (another layout: within compare.TOL of the uninterrupted run).
+- 8 ranks as 2 torchrun "nodes" x 4 processes on loopback (2x2x2) pass --compare.
+
+More layouts, and 8 ranks resumed on 4, run in process (test_train_compare.py,
 test_train_checkpoint.py): each torchrun costs seconds of start-up. The refusals
 before any rank starts (`--check`) are in test_train_cli.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from helpers import torchrun
+import pytest
+from helpers import torchrun, two_nodes
+
+from distcourse.train import TOL
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = "book/scripts/train_gpt.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DISTCOURSE_DEVICE": "cpu"}
 SMALL = ["--layers", "2", "--batch", "4", "--seq", "16", "--quiet"]
+PIPELINE = ["--dp", "1", "--pp", "2", "--micro-batches", "2"]
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
@@ -33,29 +46,73 @@ def _run(args: list[str]) -> subprocess.CompletedProcess:
     )
 
 
-def test_two_ranks_compare_checkpoint_curve_then_resume_on_one(
-    tmp_path: Path,
-) -> None:
-    ckpt, curve = tmp_path / "ckpt", tmp_path / "loss.png"
-    layout = ["--dp", "1", "--pp", "2", "--micro-batches", "2"]
-    first = _run(
-        [*torchrun(2), SCRIPT, *layout, *SMALL, "--steps", "4", "--ckpt-every", "2"]
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """8 steps on 2 ranks, checkpointed every 2, compared against one process."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    ckpt, curve, losses = tmp / "ckpt", tmp / "loss.png", tmp / "losses.json"
+    done = _run(
+        [*torchrun(2), SCRIPT, *PIPELINE, *SMALL, "--steps", "8", "--ckpt-every", "2"]
         + ["--ckpt-dir", str(ckpt), "--compare", "--compare-steps", "2"]
-        + ["--curve", str(curve)]
+        + ["--curve", str(curve), "--losses", str(losses)]
     )
-    assert first.returncode == 0, first.stderr[-3000:]
-    lines = first.stdout.splitlines()
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(
+        lines=done.stdout.splitlines(),
+        ckpt=ckpt,
+        curve=curve,
+        losses=json.loads(losses.read_text()),
+    )
+
+
+def test_two_ranks_compare_checkpoint_and_curve(uninterrupted: dict) -> None:
+    lines = uninterrupted["lines"]
     verdicts = [line for line in lines if "difference" in line or "vs one" in line]
     assert len(verdicts) == 8 and all(v.endswith("PASS") for v in verdicts), lines
     assert lines[-2].startswith("1x2x1 m2 1f1b (dp x pp x tp) on 2 ranks, cpu;")
-    assert "steps 1-4" in lines[-2]
-    assert curve.read_bytes()[:4] == b"\x89PNG"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step_2", "step_4"]
+    assert "steps 1-8" in lines[-2]
+    assert uninterrupted["curve"].read_bytes()[:4] == b"\x89PNG"
+    names = sorted(p.name for p in uninterrupted["ckpt"].iterdir())
+    assert names == ["step_2", "step_4", "step_6", "step_8"]
+    assert len(uninterrupted["losses"]) == 8
+
+
+def test_a_rank_killed_mid_step_restarts_and_resumes_bit_identically(
+    uninterrupted: dict, tmp_path: Path
+) -> None:
+    ckpt, losses = tmp_path / "ckpt", tmp_path / "losses.json"
+    killed = _run(
+        [*torchrun(2), "--max-restarts", "1", SCRIPT, *PIPELINE, *SMALL]
+        + ["--steps", "6", "--ckpt-every", "2", "--ckpt-dir", str(ckpt)]
+        + ["--kill", "1:5", "--losses", str(losses)]
+    )
+    assert killed.returncode == 0, killed.stderr[-3000:]
+    assert "exitcode: -9" in killed.stderr  # torchrun saw rank 1 die by SIGKILL
+    assert "waiting for a gradient from rank 1" in killed.stderr  # rank 0's error
+    assert "steps 5-6" in killed.stdout  # the restarted group resumed at step_4
+    assert json.loads(losses.read_text()) == uninterrupted["losses"][:6]
     resumed = _run(
-        [*torchrun(1), SCRIPT, "--dp", "1", *SMALL, "--steps", "6"]
-        + ["--ckpt-dir", str(ckpt)]
+        [*torchrun(1), SCRIPT, "--dp", "1", *SMALL, "--steps", "8"]
+        + ["--ckpt-dir", str(ckpt), "--losses", str(losses)]
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "1x1x1 (dp x pp x tp) on 1 rank," in resumed.stdout
-    assert "steps 5-6" in resumed.stdout
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step_2", "step_4", "step_6"]
+    assert "steps 7-8" in resumed.stdout
+    assert sorted(p.name for p in ckpt.iterdir()) == [f"step_{s}" for s in (2, 4, 6, 8)]
+    found, expected = json.loads(losses.read_text()), uninterrupted["losses"]
+    assert found[:6] == expected[:6]
+    assert max(abs(a - b) for a, b in zip(found, expected, strict=True)) < TOL["losses"]
+
+
+def test_two_nodes_of_four_ranks_on_loopback_compare() -> None:
+    nodes = two_nodes(
+        [SCRIPT, "--dp", "2", "--pp", "2", "--tp", "2", "--micro-batches", "2"]
+        + [*SMALL, "--steps", "2", "--compare", "--compare-steps", "2"],
+        "train-gpt-test",
+    )
+    for status, _, err in nodes:
+        assert status == 0, err[-3000:]
+    lines = max((out.splitlines() for _, out, _ in nodes), key=len)
+    verdicts = [line for line in lines if "difference" in line or "vs one" in line]
+    assert len(verdicts) == 8 and all(v.endswith("PASS") for v in verdicts), lines
+    assert lines[-1].startswith("2x2x2 m2 1f1b (dp x pp x tp) on 8 ranks, cpu;")

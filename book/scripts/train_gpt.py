@@ -9,8 +9,12 @@ own parser refuses as ambiguous) --schedule --ckpt --zero/--fsdp --dtype),
 the run (--steps --batch --seq --lr --optimizer sgd|adamw --warmup --seed
 --layers), checkpoints (--ckpt-dir, --ckpt-every: DCP, atomic; a second run with
 the same --ckpt-dir resumes, on any layout), --compare (against one process),
---curve PATH (the loss curve, PNG), --quiet (no progress bar), --check (check
-the layout and start no rank: `python book/scripts/train_gpt.py --check ...`).
+--curve PATH (the loss curve, PNG), --losses PATH (every step's loss, JSON,
+resumed ones too), --kill RANK:STEP (a drill: that rank dies by SIGKILL mid-step
+on torchrun's first attempt; under `torchrun --max-restarts 1` the group
+restarts and resumes from the last checkpoint), --quiet (no progress bar),
+--check (check the layout and start no rank:
+`python book/scripts/train_gpt.py --check ...`).
 Everything lives in distcourse.train (cli.main); this file only starts it.
 """
 

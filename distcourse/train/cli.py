@@ -14,11 +14,16 @@ as AdamW hides a gradient scale; then the run's AdamW) and prints each step's lo
 difference and step 1's gradient difference against TOL. Then the run trains
 (resuming from `--ckpt-dir` when it holds a checkpoint; a last checkpoint at its
 end) and rank 0 prints its losses and saves the loss curve.
+
+The fault drill: `torchrun --max-restarts 1 ... --ckpt-every 2 --kill 1:5` kills
+rank 1 in step 5 (`fault`); torchrun restarts the group, which resumes from
+step_4 and ends with the losses an uninterrupted run has (`--losses` saves them).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +31,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from distcourse import checks, runtime
+from distcourse.train import fault
 from distcourse.train.compare import TOL, against_one_process, verdicts
 from distcourse.train.corpus import BOOK, Corpus
 from distcourse.train.layout import TrainLayout, check
@@ -61,6 +67,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", action="store_true")
     p.add_argument("--compare-steps", type=int, default=3)
     p.add_argument("--curve", default=None, help="save the loss curve (PNG) here")
+    p.add_argument("--losses", default=None, help="save every step's loss (JSON) here")
+    p.add_argument(
+        "--kill",
+        default=None,
+        metavar="RANK:STEP",
+        help="kill -9 RANK mid-step STEP, on torchrun's first attempt (a drill)",
+    )
     p.add_argument("--book", default=str(BOOK), help="folder of the book's pages")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
@@ -121,6 +134,12 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     corpus = Corpus.from_book(Path(args.book))
     layout, run = settings(args)
+    kill = None
+    if args.kill is not None:
+        try:
+            kill = fault.parse(args.kill)
+        except ValueError as err:
+            p.error(str(err))
     world = int(os.environ.get("WORLD_SIZE", layout.world))
     try:
         check(layout, run.model(corpus), world, run.batch)
@@ -135,7 +154,8 @@ def main(argv: list[str] | None = None) -> None:
             lines = compare(layout, replace(run, steps=args.compare_steps), corpus)
             if info.rank == 0:
                 print(*lines, sep="\n")
-        trainer = Trainer(layout, run, corpus)
+        doomed = kill and kill[0] == info.rank and fault.first_attempt()
+        trainer = Trainer(layout, run, corpus, kill_at=kill[1] if doomed else None)
         start = trainer.start
         losses = trainer.fit()
         every = run.ckpt_every
@@ -157,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
             if args.curve:
                 save_curve(losses, args.curve, f"TinyGPT on the book, {layout.name}")
                 print(f"loss curve: {args.curve}")
+            if args.losses:
+                Path(args.losses).write_text(json.dumps(losses), encoding="utf-8")
         dist.barrier()
     finally:
         runtime.shutdown()

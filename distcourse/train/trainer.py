@@ -24,7 +24,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from distcourse.examples.gpt import GPTConfig, TinyGPT
 from distcourse.parallel.hybrid import make_mesh
-from distcourse.train import checkpoint
+from distcourse.train import checkpoint, fault
 from distcourse.train import state as train_state
 from distcourse.train.corpus import Corpus
 from distcourse.train.layout import TrainLayout, check
@@ -75,7 +75,8 @@ class Trainer:
     `resume` loads the newest complete checkpoint of `run.ckpt_dir`, if any; it
     must have been written for the same corpus, model, optimizer, seed, batch,
     rate and warm-up (`identity`), on any layout: a ValueError names the first
-    that differs.
+    that differs. `kill_at` (a step, from 1) kills this rank with SIGKILL in
+    that step's forward pass (`fault`, chapter 13's drill).
     """
 
     def __init__(
@@ -85,8 +86,10 @@ class Trainer:
         corpus: Corpus,
         *,
         resume: bool = True,
+        kill_at: int | None = None,
     ) -> None:
         self.layout, self.run, self.corpus = layout, run, corpus
+        self.kill_at = kill_at  # `fault`: this rank dies in step kill_at's forward
         self.cfg = run.model(corpus)
         check(layout, self.cfg, dist.get_world_size(), run.batch)
         self.mesh = make_mesh(layout.grid, self.cfg)
@@ -142,6 +145,8 @@ class Trainer:
         """Train one step on the next batch; its mean loss on every rank."""
         run = self.run
         x, y = self.corpus.batch(self.step_no, run.batch, run.seq, run.seed)
+        if self.kill_at == self.step_no + 1:
+            fault.kill_in_forward(self.net.module)
         loss = self.net.step(x, y)
         self.scheduler.step()
         self.step_no += 1
