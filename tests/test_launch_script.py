@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from distcourse.launch.script import by_rank, excerpt, free_port, run_script, swapped
+from distcourse.launch.script import (
+    by_rank,
+    excerpt,
+    free_port,
+    run_script,
+    run_torchrun,
+    swapped,
+)
 
 
 def test_swapped_replaces_exactly_one_whole_line() -> None:
@@ -100,3 +107,30 @@ def test_lines_of_processes_printing_at_once_arrive_whole(
     assert by_rank(out, 2) == [
         [f"rank {r}: step {s}" for s in range(100)] for r in (0, 1)
     ]
+
+
+def test_run_torchrun_restarts_a_group_whose_rank_died(tmp_path: Path) -> None:
+    """4 ranks join, rank 1 dies by SIGKILL on the first attempt, torchrun starts
+    all 4 again and they join and all-reduce: runtime.init_from_env keeps each
+    attempt's keys apart in the store (with the dead attempt's keys, gloo read a
+    dead rank's address: "Connection refused", then a barrier timeout)."""
+    script = tmp_path / "die_once.py"
+    script.write_text(
+        "import os, signal, torch, torch.distributed as dist\n"
+        "from distcourse import runtime\n"
+        "info = runtime.init_from_env()\n"
+        "attempt = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
+        "if info.rank == 1 and attempt == '0':\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "total = torch.ones(1)\n"
+        "dist.all_reduce(total)\n"
+        "print(f'rank {info.rank} attempt {attempt} sum {total.item():.0f}')\n"
+        "runtime.shutdown()\n"
+    )
+    env = {"DISTCOURSE_DEVICE": "cpu"}
+    done = run_torchrun(script, ranks=4, max_restarts=1, env=env)
+    lines = sorted(line for line in done.stdout.splitlines() if "attempt 1" in line)
+    assert lines == [f"rank {r} attempt 1 sum 4" for r in range(4)]
+    assert "exitcode: -9" in done.stderr
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        run_torchrun(script, ranks=2, env=env)  # no restart: the death ends the run

@@ -7,7 +7,8 @@ optionally with one line of their text swapped (`swap=(old, new)`): the way a re
 tries our DDP in PyTorch's own example by changing an import (a list of pairs swaps
 several lines, each exactly once: FSDP2's import and its state-dict call). `by_rank`
 sorts what its processes printed into one list of lines per rank, for
-`columns.show`.
+`columns.show`. `run_torchrun` starts a script under torchrun the same way (chapter
+13's fault drill: `--max-restarts` and the stderr where torchrun reports a death).
 """
 
 from __future__ import annotations
@@ -73,6 +74,29 @@ def excerpt(path: str | Path, *names: str, imports: bool = True) -> str:
     return f"{blocks}\n\n\n{rest}" if blocks else rest
 
 
+def child_env(tmp: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """A program's environment: one CPU thread per process, a free MASTER_PORT,
+    TMPDIR `tmp`, gloo on loopback, this `distcourse` on its path, block-buffered
+    output unless `env` (added last) sets PYTHONUNBUFFERED."""
+    root = str(Path(distcourse.__file__).resolve().parents[1])
+    out = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MASTER_PORT": str(free_port()),
+        "TMPDIR": tmp,
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (root, os.environ.get("PYTHONPATH")) if p
+        ),
+        **(env or {}),
+    }
+    if "PYTHONUNBUFFERED" not in (env or {}):
+        out.pop("PYTHONUNBUFFERED", None)
+    gloo_if = keep_gloo_on_loopback()
+    if gloo_if:
+        out.setdefault("GLOO_SOCKET_IFNAME", gloo_if)
+    return out
+
+
 def run_script(
     path: str | Path,
     *args: str,
@@ -91,7 +115,6 @@ def run_script(
     fails; TimeoutExpired after `timeout` seconds (the child is killed).
     """
     path = Path(path)
-    root = str(Path(distcourse.__file__).resolve().parents[1])
     with tempfile.TemporaryDirectory(prefix="distcourse-script-") as tmp:
         if swap is not None:
             program = Path(tmp) / path.name
@@ -101,32 +124,49 @@ def run_script(
             program.write_text(text)
         else:
             program = path
-        child_env = {
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "MASTER_PORT": str(free_port()),
-            "TMPDIR": tmp,
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (root, os.environ.get("PYTHONPATH")) if p
-            ),
-            **(env or {}),
-        }
-        if "PYTHONUNBUFFERED" not in (env or {}):
-            child_env.pop("PYTHONUNBUFFERED", None)
-        gloo_if = keep_gloo_on_loopback()
-        if gloo_if:
-            child_env.setdefault("GLOO_SOCKET_IFNAME", gloo_if)
         done = subprocess.run(
             [sys.executable, str(program), *args],
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=child_env,
+            env=child_env(tmp, env),
         )
     if done.returncode != 0:
         tail = "\n".join(done.stderr.splitlines()[-20:])
         raise RuntimeError(f"{path.name} exited with {done.returncode}:\n{tail}")
     return done.stdout
+
+
+def run_torchrun(
+    path: str | Path,
+    *args: str,
+    ranks: int,
+    max_restarts: int = 0,
+    env: dict[str, str] | None = None,
+    timeout: float = 180.0,
+) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node ranks --max-restarts max_restarts path args...`
+    on this machine (rendezvous on loopback, a free port; `child_env`). Returns
+    the finished process: its stdout, and its stderr, where torchrun says which
+    worker died and how. RuntimeError with the end of stderr if it fails."""
+    with tempfile.TemporaryDirectory(prefix="distcourse-torchrun-") as tmp:
+        child = child_env(tmp, env)
+        agent = ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks)]
+        agent += ["--max-restarts", str(max_restarts), "--master-addr", LOOPBACK]
+        agent += ["--master-port", child["MASTER_PORT"]]
+        done = subprocess.run(
+            [sys.executable, *agent, str(path), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=child,
+        )
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.splitlines()[-20:])
+        raise RuntimeError(
+            f"torchrun {Path(path).name} exited with {done.returncode}:\n{tail}"
+        )
+    return done
 
 
 def by_rank(
