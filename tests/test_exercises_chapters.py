@@ -1,10 +1,10 @@
 """Every chapter's exercises: each solution passes its check, a wrong answer fails.
 
-For each exercise of `distcourse.exercises.ch01` ... `ch10`, `ch12_experts` and
-`ch12_context`, the solution in `distcourse.exercises.solutions` must print PASS and
-return True, and the wrong answer below (a mistake a reader makes) must print FAIL
-with its hint and return False. Answers that are code run on real gloo ranks (4 of
-them), numbers in-process.
+For each exercise of `distcourse.exercises.ch01` ... `ch10`, `ch12_experts`,
+`ch12_context` and `ch13`, the solution in `distcourse.exercises.solutions` must
+print PASS and return True, and the wrong answer below (a mistake a reader makes)
+must print FAIL with its hint and return False. Answers that are code run on real
+gloo ranks (4 of them), numbers in-process.
 """
 
 from __future__ import annotations
@@ -144,6 +144,12 @@ WRONG = {  # a mistake per exercise
         "ring_pass": _identity,  # nothing sent: its own tensor back
         "ring_bytes": 7 * 2 * 2**20,  # the forward's passes only
         "contiguous_imbalance": 1.0,  # as if every rank computed alike
+    },
+    "ch13": {
+        "latest": lambda folder: max(folder.glob("step_*"), default=None),  # by name
+        "redone_steps": 4,  # the interrupted step forgotten
+        "checkpoint_bytes": 4 * 10**7,  # the model alone
+        "accepted_16": 10,  # every grid of 16 into 3 factors of at most 4 blocks
     },
 }
 

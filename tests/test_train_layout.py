@@ -1,13 +1,22 @@
-"""The trainer's layout: accepted layouts, and refusals that name the flags."""
+"""The trainer's layout: accepted layouts, refusals that name the flags, and
+`--plan`'s choice (`planned`: the planner's fastest layout the trainer runs)."""
 
 from __future__ import annotations
 
 import pytest
 
+from distcourse import plan
 from distcourse.examples.gpt import GPTConfig
-from distcourse.train.layout import TrainLayout, accepted, check
+from distcourse.train.layout import (
+    TrainLayout,
+    accepted,
+    check,
+    fastest_accepted,
+    planned,
+)
 
 CFG = GPTConfig(vocab=144, block_size=32, n_layer=4, n_head=4, n_embd=32)
+H100 = plan.named("h100")
 
 
 def test_accepted_layouts_of_4_and_8_ranks() -> None:
@@ -61,3 +70,50 @@ def test_fsdp_and_zero3_on_data_parallel_layouts_are_accepted() -> None:
 def test_counts_are_checked_at_construction() -> None:
     with pytest.raises(ValueError, match="dp"):
         TrainLayout(dp=0)
+
+
+def trainer_runs(layout: plan.PlanLayout) -> TrainLayout | None:
+    """The test's own reading of which planner layouts the trainer runs as is."""
+    L = layout
+    plain = L.ep == L.cp == L.virtual == 1 and not L.sp and L.reshard
+    if not plain or L.schedule != "1f1b" or L.ckpt == "selective" or L.zero in (1, 2):
+        return None
+    return TrainLayout(L.dp, L.pp, L.tp, L.micro_batches, ckpt=L.ckpt, fsdp=L.zero == 3)
+
+
+@pytest.mark.parametrize(
+    ("world", "name"), [(4, "2x2x1 m2 1f1b"), (8, "4x2x1 m2 1f1b")]
+)
+def test_planned_is_the_fastest_layout_the_trainer_accepts(
+    world: int, name: str
+) -> None:
+    layout, prediction = planned(world, CFG, 8, H100)
+    check(layout, CFG, world, 8)
+    assert layout.name == name
+    model = plan.ModelSpec.from_config(CFG)
+    policy = plan.DTypePolicy("fp32", "fp32", "adamw")
+    mine = []
+    for p in plan.search(model, 8, policy, H100, world, {"sp": False}):
+        ours = trainer_runs(p.layout)
+        if ours is None:
+            continue
+        try:
+            check(ours, CFG, world, 8)
+        except ValueError:
+            continue
+        mine.append((p.time["total"], ours))
+    assert mine[0] == (prediction.time["total"], layout)
+    assert prediction.time["total"] == min(t for t, _ in mine)
+
+
+def test_no_plan_the_trainer_runs_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="no layout of 7 GPUs"):
+        planned(7, CFG, 8, H100)  # 7 splits neither the batch, heads nor blocks
+    model = plan.ModelSpec.from_config(CFG)
+    policy = plan.DTypePolicy("fp32", "fp32", "adamw")
+    with_sp = [  # sequence parallelism: the trainer's TP has none
+        p for p in plan.search(model, 8, policy, H100, 4) if p.layout.sp
+    ]
+    assert with_sp
+    with pytest.raises(ValueError, match="none of the planner's .* layouts of 4"):
+        fastest_accepted(with_sp, CFG, 4, 8)

@@ -9,6 +9,14 @@ and starts nothing; under torchrun (which set WORLD_SIZE) every rank checks it
 before it joins. A layout the trainer cannot compose ends with a message naming
 the flags (argparse's error, exit status 2), and no rank waits for another.
 
+`--plan GPU` (h100, h200, a100: chapter 10's datasheet GPUs) lets the planner
+choose the layout: the fastest it predicts on GPU that this trainer runs exactly,
+for WORLD_SIZE ranks (1 without torchrun). Each rank computes it before any group
+exists, from the same inputs, so all choose the same; rank 0 (and `--check`)
+prints it with its predicted step time. The layout flags (--dp --pp --tp
+--micro-batches --schedule --ckpt --zero --fsdp --dtype) must then stay at their
+defaults (`layout.planned`).
+
 `--compare` first trains `--compare-steps` steps against one process (SGD first,
 as AdamW hides a gradient scale; then the run's AdamW) and prints each step's loss
 difference and step 1's gradient difference against TOL. Then the run trains
@@ -30,19 +38,31 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from distcourse import checks, runtime
+from distcourse import checks, plan, runtime
+from distcourse.examples.gpt import GPTConfig
 from distcourse.train import fault
 from distcourse.train.compare import TOL, against_one_process, verdicts
 from distcourse.train.corpus import BOOK, Corpus
-from distcourse.train.layout import TrainLayout, check
+from distcourse.train.layout import TrainLayout, check, planned
 from distcourse.train.progress import save_curve
 from distcourse.train.trainer import RunConfig, Trainer
 
 SGD_LR = 0.5  # SGD's step lr * g needs a larger rate than AdamW's to learn
+LAYOUT_FLAGS = {  # dest -> flag: what --plan chooses, so it must not be given
+    "dp": "--dp",
+    "pp": "--pp",
+    "tp": "--tp",
+    "m": "--micro-batches",
+    "schedule": "--schedule",
+    "ckpt": "--ckpt",
+    "zero": "--zero",
+    "fsdp": "--fsdp",
+    "dtype": "--dtype",
+}
 
 
 def parser() -> argparse.ArgumentParser:
-    """The script's flags: layout, run, checkpoints, output."""
+    """The script's flags: layout (or --plan), run, checkpoints, output."""
     p = argparse.ArgumentParser(description="Train a TinyGPT on the book's text.")
     for flag in ("--dp", "--pp", "--tp"):
         p.add_argument(flag, type=int, default=1)
@@ -54,6 +74,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--zero", type=int, default=0)
     p.add_argument("--fsdp", action="store_true")
     p.add_argument("--dtype", default="float32")
+    p.add_argument(
+        "--plan",
+        choices=tuple(plan.GPUS),
+        default=None,
+        metavar="GPU",
+        help=f"the planner's fastest layout on GPU ({', '.join(plan.GPUS)}) that "
+        "the trainer runs, for WORLD_SIZE ranks; no other layout flag",
+    )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
     p.add_argument("--seq", type=int, default=32, help="characters per sequence")
@@ -75,6 +103,11 @@ def parser() -> argparse.ArgumentParser:
         help="kill -9 RANK mid-step STEP, on torchrun's first attempt (a drill)",
     )
     p.add_argument("--book", default=str(BOOK), help="folder of the book's pages")
+    p.add_argument(
+        "--excerpt",
+        action="store_true",
+        help="train on the package's frozen excerpt of the book, not --book",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--check", action="store_true", help="check the layout only, start no rank"
@@ -111,6 +144,36 @@ def settings(args: argparse.Namespace) -> tuple[TrainLayout, RunConfig]:
     return layout, run
 
 
+def planned_layout(
+    p: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    cfg: GPTConfig,
+    batch: int,
+) -> TrainLayout:
+    """`--plan`'s layout for WORLD_SIZE ranks (1 without torchrun): argparse's
+    error (exit status 2) if a layout flag was given too or the planner has none.
+    No message is sent: every rank computes the same answer before any group."""
+    given = [f for d, f in LAYOUT_FLAGS.items() if getattr(args, d) != p.get_default(d)]
+    if given:
+        p.error(
+            f"--plan {args.plan} with {', '.join(given)}: --plan chooses the layout; "
+            "leave the layout flags at their defaults"
+        )
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    try:
+        layout, prediction = planned(world, cfg, batch, plan.named(args.plan))
+    except ValueError as err:
+        p.error(str(err))
+    if args.check or int(os.environ.get("RANK", 0)) == 0:
+        ms = prediction.time["total"] * 1e3
+        print(
+            f"--plan {args.plan}: {layout.name} (dp x pp x tp) on {world} "
+            f"rank{'s' if world > 1 else ''}, predicted {ms:.3g} ms per "
+            f"step on {args.plan} (the planner's model)"
+        )
+    return layout
+
+
 def compare(layout: TrainLayout, run: RunConfig, corpus: Corpus) -> list[str]:
     """`--compare`'s lines (on every rank): SGD, then AdamW if the run uses it."""
     runs = [replace(run, optimizer="sgd", lr=SGD_LR, ckpt_dir=None)]
@@ -132,8 +195,10 @@ def main(argv: list[str] | None = None) -> None:
     """Parse, check the layout before joining, then compare, train and report."""
     p = parser()
     args = p.parse_args(argv)
-    corpus = Corpus.from_book(Path(args.book))
+    corpus = Corpus.excerpt() if args.excerpt else Corpus.from_book(Path(args.book))
     layout, run = settings(args)
+    if args.plan:
+        layout = planned_layout(p, args, run.model(corpus), run.batch)
     kill = None
     if args.kill is not None:
         try:

@@ -10,6 +10,11 @@ reads another folder of pages (`Corpus.from_book(folder)`, the script's
 was the other choice: it would go stale as the chapters change, and the
 repository is where the trainer is run.
 
+One frozen excerpt ships with the package (`Corpus.excerpt()`, `data/`): the
+first 65,536 characters of the book as they stood in November 2026. Chapter 13's
+stored outputs are made with it, so that they stay the same while the chapters
+they were read from are edited; the script trains on it with `--excerpt`.
+
 The book changes as it is written, so a corpus carries a `fingerprint` (the first
 16 hex digits of the text's SHA-256): a checkpoint records it and a resume on other
 text is refused, since the batches would differ.
@@ -33,6 +38,7 @@ from torch import Tensor
 from distcourse.arguments import positive_int
 
 BOOK = Path(__file__).resolve().parents[2] / "book"  # the repository's book
+EXCERPT = Path(__file__).resolve().parent / "data" / "book_excerpt.txt"
 PAD_TO = 8  # vocabulary padded to a multiple: tp = 1, 2, 4, 8 divide it
 
 
@@ -77,6 +83,12 @@ class Corpus:
     def from_book(cls, book: Path = BOOK) -> Corpus:
         """The corpus of the book's pages (`read_book`)."""
         return cls.from_text(read_book(book))
+
+    @classmethod
+    def excerpt(cls) -> Corpus:
+        """The frozen excerpt shipped with the package (the book's first 65,536
+        characters, November 2026): fixed text for fixed outputs."""
+        return cls.from_text(EXCERPT.read_text(encoding="utf-8"))
 
     @property
     def vocab(self) -> int:

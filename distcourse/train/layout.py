@@ -13,12 +13,19 @@ TP slices, the batch into dp shares of micro-batches) and what this trainer does
 not compose (e.g. "--fsdp with --pp"). It sends no message: `train_gpt.py
 --check` runs it with no rank at all, and under torchrun every rank runs it before
 it joins a group, so a refusal ends each rank at once, none waiting for another.
+
+`--plan GPU` takes the layout from chapter 10's planner instead (`planned`):
+`from_plan` maps a planner layout onto this trainer's where one runs it exactly,
+and `fastest_accepted` keeps the fastest of the planner's predictions that maps
+and passes `check`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from distcourse import plan
 from distcourse.arguments import positive_int
 from distcourse.examples.gpt import GPTConfig
 from distcourse.parallel.hybrid import Layout, layouts
@@ -137,3 +144,66 @@ def accepted(
             continue
         found.append(layout)
     return found
+
+
+def from_plan(p: plan.PlanLayout) -> TrainLayout | None:
+    """The trainer's layout that runs the planner's `p` exactly, or None where it
+    has no such option: experts or context parallelism (ep, cp > 1), sequence
+    parallelism, virtual stages or a schedule other than 1F1B, selective
+    checkpointing, ZeRO-1 or 2, FSDP that keeps parameters gathered (reshard
+    False). ZeRO-3 becomes `fsdp=True`. `bucket_view` changes only the planner's
+    memory, not its time, so it is not asked (the search ranks the view first)."""
+    runs = (
+        p.ep == p.cp == p.virtual == 1
+        and not p.sp
+        and p.reshard
+        and p.schedule in SCHEDULES
+        and p.ckpt in CHECKPOINTING
+        and p.zero in (0, 3)
+    )
+    if not runs:
+        return None
+    return TrainLayout(
+        p.dp, p.pp, p.tp, p.micro_batches, p.schedule, p.ckpt, fsdp=p.zero == 3
+    )
+
+
+def fastest_accepted(
+    predictions: Iterable[plan.Prediction], cfg: GPTConfig, world: int, batch: int = 8
+) -> tuple[TrainLayout, plan.Prediction]:
+    """The first of `predictions` (the planner's, fastest first) that the trainer
+    runs exactly and `check` accepts for `cfg` on `world` ranks, with it: what
+    `--plan` trains. ValueError if none is, so the script ends before any group."""
+    seen = 0
+    for prediction in predictions:
+        seen += 1
+        layout = from_plan(prediction.layout)
+        if layout is None:
+            continue
+        try:
+            check(layout, cfg, world, batch)
+        except ValueError:
+            continue
+        return layout, prediction
+    raise ValueError(
+        f"--plan: none of the planner's {seen} layouts of {world} ranks that fit "
+        "is one this trainer runs (it composes dp x pp x tp with 1F1B, --ckpt "
+        f"{'/'.join(CHECKPOINTING)} and FSDP on dp alone; batch {batch})"
+    )
+
+
+POLICY = plan.DTypePolicy("fp32", "fp32", "adamw")  # the trainer's float32, AdamW
+
+
+def planned(
+    world: int, cfg: GPTConfig, batch: int, hw: plan.Hardware
+) -> tuple[TrainLayout, plan.Prediction]:
+    """`--plan`: the planner's fastest layout for `cfg` on `world` ranks of `hw`
+    (global batches of `batch` sequences) that this trainer runs exactly and
+    accepts, with its prediction. Sequence parallelism is fixed off (the
+    trainer's TP has none; the planner would otherwise turn it on for every
+    tp > 1), so TP layouts are predicted as they run. ValueError if none is."""
+    found = plan.search(
+        plan.ModelSpec.from_config(cfg), batch, POLICY, hw, world, {"sp": False}
+    )
+    return fastest_accepted(found, cfg, world, batch)

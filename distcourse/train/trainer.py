@@ -119,6 +119,7 @@ class Trainer:
             torch.set_rng_state(snap.rng)
             self.start, self.losses = snap.step, list(snap.meta["losses"])
         self.step_no = self.start
+        self.progress: Progress | None = None  # the last `fit`'s bar
 
     def _agree(self, meta: dict) -> None:
         """ValueError if a checkpoint was written for another corpus or model."""
@@ -173,7 +174,7 @@ class Trainer:
         `run.ckpt_every` steps; the losses of every step so far (resumed ones
         too). A progress bar on rank 0 of a terminal (not with run.quiet)."""
         until = self.run.steps if until is None else until
-        bar = Progress(self.step_no, until, quiet=self.run.quiet)
+        self.progress = bar = Progress(self.step_no, until, quiet=self.run.quiet)
         tokens = self.run.batch * self.run.seq
         try:
             while self.step_no < until:
