@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from distcourse.launch import spawn
-from distcourse.train import Corpus, RunConfig, Trainer, TrainLayout, latest
+from distcourse.train import Corpus, RunConfig, Trainer, TrainLayout, checkpoint, latest
 
 CORPUS = Corpus.from_text(
     "Ranks agree on every step, or they wait for each other. " * 40
@@ -129,3 +129,19 @@ def test_a_run_resumes_on_half_its_ranks_in_another_layout(
     assert start == 3
     assert resumed[:3] == straight[:3]  # the losses recorded before the save
     assert resumed[3:] == pytest.approx(straight[3:], abs=TOL_OTHER_LAYOUT, rel=0)
+
+
+def _rng_keys() -> list[str | None]:
+    saved = {"rng.0", "rng.1", "cuda_rng.0", "model.wte.weight"}
+    return [
+        checkpoint.rng_key(saved, "rng"),
+        checkpoint.rng_key(saved, "cuda_rng"),  # a run on 1 GPU: rank 0's
+        checkpoint.rng_key({"rng.0"}, "cuda_rng"),  # a run on CPUs: none
+    ]
+
+
+def test_each_rank_takes_its_rng_or_rank_0s_or_none() -> None:
+    assert spawn(_rng_keys, 2) == [
+        ["rng.0", "cuda_rng.0", None],
+        ["rng.1", "cuda_rng.0", None],
+    ]

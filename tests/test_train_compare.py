@@ -1,7 +1,7 @@
 """`--compare` on real gloo ranks: every layout the trainer accepts trains as one
 process does (step 1's gradients and every step's loss within TOL): all layouts of
-8 ranks with SGD, all of 4 with AdamW, activation checkpointing, and FSDP (or
-ZeRO-3, the same) on a data-parallel layout."""
+8 ranks with SGD, all of 4 with AdamW, activation checkpointing, the GPipe
+schedule, and FSDP (or ZeRO-3, the same) on a data-parallel layout."""
 
 from __future__ import annotations
 
@@ -64,6 +64,7 @@ def test_every_layout_of_8_ranks_trains_as_one_process_with_sgd() -> None:
 def test_adamw_and_activation_checkpointing_on_4_ranks() -> None:
     extra = [
         TrainLayout(dp=1, pp=2, tp=2, micro_batches=2, ckpt="full"),
+        TrainLayout(dp=2, pp=2, micro_batches=2, schedule="gpipe"),
         TrainLayout(dp=4, fsdp=True),
         TrainLayout(dp=4, zero=3),
     ]
@@ -78,6 +79,7 @@ def test_adamw_and_activation_checkpointing_on_4_ranks() -> None:
             "1x2x2 m2 1f1b",
             "1x1x4",
             "1x2x2 m2 1f1b ckpt=full",
+            "2x2x1 m2 gpipe",
             "4x1x1 fsdp",
             "4x1x1 zero3",
         ],

@@ -43,7 +43,7 @@ def test_accepted_layouts_of_4_and_8_ranks() -> None:
         (TrainLayout(dp=4, zero=1), 4, "--zero 1: this trainer shards with FSDP"),
         (TrainLayout(dp=4, zero=5), 4, "--zero 5"),
         (TrainLayout(dp=4, fsdp=True, ckpt="full"), 4, "--ckpt full with --fsdp"),
-        (TrainLayout(dp=2, pp=2, schedule="gpipe"), 4, "--schedule gpipe"),
+        (TrainLayout(dp=2, pp=2, schedule="interleaved"), 4, "--schedule interl"),
         (TrainLayout(dp=4, ckpt="selective"), 4, "--ckpt selective"),
         (TrainLayout(dp=4, dtype="bfloat16"), 4, "--dtype bfloat16"),
         (TrainLayout(dp=4, micro_batches=2), 4, "--m 2 with --pp 1"),
@@ -76,9 +76,13 @@ def trainer_runs(layout: plan.PlanLayout) -> TrainLayout | None:
     """The test's own reading of which planner layouts the trainer runs as is."""
     L = layout
     plain = L.ep == L.cp == L.virtual == 1 and not L.sp and L.reshard
-    if not plain or L.schedule != "1f1b" or L.ckpt == "selective" or L.zero in (1, 2):
+    if not plain or L.schedule == "interleaved":
         return None
-    return TrainLayout(L.dp, L.pp, L.tp, L.micro_batches, ckpt=L.ckpt, fsdp=L.zero == 3)
+    if L.ckpt == "selective" or L.zero in (1, 2):
+        return None
+    return TrainLayout(
+        L.dp, L.pp, L.tp, L.micro_batches, L.schedule, L.ckpt, fsdp=L.zero == 3
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """Checkpoints of the trainer: DCP, written atomically, loadable on any layout.
 
 `save` writes `<dir>/step_<N>`: the model and AdamW's moments in one-process form
-(whole tensors under TinyGPT's names, `state.gather`), each rank's RNG state and a
+(whole tensors under TinyGPT's names, `state.gather`), each rank's RNG states (the CPU's,
+and the GPU's on a GPU) and a
 `meta.json` (step = data position, the scheduler, the losses so far, the run's
 settings). Every rank writes its share with `torch.distributed.checkpoint.save`
 (DCP: each tensor once, the replicas deduplicated) into `<dir>/.tmp_step_<N>`;
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import Tensor
 
+from distcourse import runtime
 from distcourse.train import state as train_state
 
 PREFIX = "step_"
@@ -85,6 +87,8 @@ def save(
     for kind, full in moments.items():
         tensors.update({f"optim.{kind}.{k}": v for k, v in full.items()})
     tensors[f"rng.{rank}"] = torch.get_rng_state()
+    if runtime.device().type == "cuda":  # the GPU's generator is its own
+        tensors[f"cuda_rng.{rank}"] = torch.cuda.get_rng_state()
     dcp.save(tensors, checkpoint_id=tmp)
     if after_write is not None:
         after_write()
@@ -104,13 +108,15 @@ def save(
 @dataclass
 class Snapshot:
     """A loaded checkpoint: its meta.json, the model and AdamW's moments in
-    one-process form (host tensors), AdamW's step count and this rank's RNG."""
+    one-process form (host tensors), AdamW's step count and this rank's RNG
+    states (the CPU's, and the GPU's where the run that saved it had one)."""
 
     path: Path
     meta: dict
     model: dict[str, Tensor]
     moments: dict[str, dict[str, Tensor]] = field(default_factory=dict)
     rng: Tensor | None = None
+    cuda_rng: Tensor | None = None  # saved by a run on GPUs only
 
     @property
     def step(self) -> int:
@@ -120,13 +126,12 @@ class Snapshot:
 
 def read(path: str | Path) -> Snapshot:
     """Load the checkpoint at `path` on every rank (a collective: DCP's load).
-    Each rank takes its own RNG state, or rank 0's if the run had fewer ranks."""
+    Each rank takes its own RNG states, or rank 0's if the run had fewer ranks."""
     path = Path(path)
     meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
     sizes = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-    mine = f"rng.{dist.get_rank()}"
-    rng_key = mine if mine in sizes else "rng.0"
-    keys = [k for k in sizes if not k.startswith("rng.") or k == rng_key]
+    rngs = {kind: rng_key(sizes, kind) for kind in ("rng", "cuda_rng")}
+    keys = [k for k in sizes if k.split(".")[0] not in rngs or k in rngs.values()]
     tensors = {
         k: torch.empty(tuple(sizes[k].size), dtype=sizes[k].properties.dtype)
         for k in keys
@@ -141,4 +146,14 @@ def read(path: str | Path) -> Snapshot:
         found = {k[len(head) :]: v for k, v in tensors.items() if k.startswith(head)}
         if found:
             moments[kind] = found
-    return Snapshot(path, meta, model, moments, tensors[rng_key])
+    cuda = tensors[rngs["cuda_rng"]] if rngs["cuda_rng"] else None
+    return Snapshot(path, meta, model, moments, tensors[rngs["rng"]], cuda)
+
+
+def rng_key(saved: Iterable[str], kind: str) -> str | None:
+    """This rank's key of RNG `kind` ("rng" or "cuda_rng") among `saved`, or
+    rank 0's if the run had fewer ranks; None if that run saved none."""
+    for key in (f"{kind}.{dist.get_rank()}", f"{kind}.0"):
+        if key in saved:
+            return key
+    return None

@@ -69,7 +69,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(  # torchrun's own parser refuses a bare --m as ambiguous
         "--micro-batches", "--m", dest="m", type=int, default=1, help="per step"
     )
-    p.add_argument("--schedule", default="1f1b")
+    p.add_argument("--schedule", default="1f1b", help="1f1b or gpipe")
     p.add_argument("--ckpt", default="none", help="activation checkpointing")
     p.add_argument("--zero", type=int, default=0)
     p.add_argument("--fsdp", action="store_true")

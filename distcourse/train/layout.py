@@ -31,7 +31,7 @@ from distcourse.examples.gpt import GPTConfig
 from distcourse.parallel.hybrid import Layout, layouts
 from distcourse.parallel.hybrid.layout import check as check_hybrid
 
-SCHEDULES = ("1f1b",)  # HybridGPT's pipeline schedule
+SCHEDULES = ("1f1b", "gpipe")  # HybridGPT's pipeline schedules (chapter 5)
 CHECKPOINTING = ("none", "full")  # activation checkpointing of each block
 DTYPES = ("float32",)
 
@@ -149,7 +149,7 @@ def accepted(
 def from_plan(p: plan.PlanLayout) -> TrainLayout | None:
     """The trainer's layout that runs the planner's `p` exactly, or None where it
     has no such option: experts or context parallelism (ep, cp > 1), sequence
-    parallelism, virtual stages or a schedule other than 1F1B, selective
+    parallelism, virtual stages or the interleaved schedule, selective
     checkpointing, ZeRO-1 or 2, FSDP that keeps parameters gathered (reshard
     False). ZeRO-3 becomes `fsdp=True`. `bucket_view` changes only the planner's
     memory, not its time, so it is not asked (the search ranks the view first)."""
@@ -187,7 +187,7 @@ def fastest_accepted(
         return layout, prediction
     raise ValueError(
         f"--plan: none of the planner's {seen} layouts of {world} ranks that fit "
-        "is one this trainer runs (it composes dp x pp x tp with 1F1B, --ckpt "
+        "is one this trainer runs (it composes dp x pp x tp with 1F1B or GPipe, --ckpt "
         f"{'/'.join(CHECKPOINTING)} and FSDP on dp alone; batch {batch})"
     )
 

@@ -45,7 +45,12 @@ def build(
     if layout.fsdp or layout.zero == 3:
         return ShardedGPT(model, layout, optimizer=optimizer, lr=lr)
     net = HybridGPT(
-        model, mesh, micro_batches=layout.micro_batches, lr=lr, optimizer=optimizer
+        model,
+        mesh,
+        micro_batches=layout.micro_batches,
+        lr=lr,
+        optimizer=optimizer,
+        schedule=layout.schedule,
     )
     if layout.ckpt == "full":
         for i, layer in enumerate(net.module):

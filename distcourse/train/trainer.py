@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
+from distcourse import runtime
 from distcourse.examples.gpt import GPTConfig, TinyGPT
 from distcourse.parallel.hybrid import make_mesh
 from distcourse.train import checkpoint, fault
@@ -117,6 +118,8 @@ class Trainer:
             ):
                 group["lr"] = lr
             torch.set_rng_state(snap.rng)
+            if snap.cuda_rng is not None and runtime.device().type == "cuda":
+                torch.cuda.set_rng_state(snap.cuda_rng)
             self.start, self.losses = snap.step, list(snap.meta["losses"])
         self.step_no = self.start
         self.progress: Progress | None = None  # the last `fit`'s bar

@@ -41,7 +41,7 @@ from distcourse.parallel.hybrid.stages import (
     parallelize_stage,
     stages,
 )
-from distcourse.parallel.pipeline import ActivationMeter, Pipeline, one_f_one_b
+from distcourse.parallel.pipeline import ActivationMeter, Pipeline, gpipe, one_f_one_b
 from distcourse.parallel.tensor import vocab_parallel_cross_entropy
 
 BUCKET_MB = 25  # torch DDP's default bucket_cap_mb
@@ -50,6 +50,7 @@ OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "adamw": torch.optim.AdamW,
     "sgd": torch.optim.SGD,
 }
+SCHEDULES = {"1f1b": one_f_one_b, "gpipe": gpipe}  # chapter 5's, by name
 
 
 class HybridGPT:
@@ -58,7 +59,8 @@ class HybridGPT:
     A collective: every rank of the world constructs it at the same time, from
     the same `model` (seed every rank alike). `model` itself is not changed; the
     stage is copied to the rank's device (runtime.device()), batches too.
-    `micro_batches` per step feed the pipeline (1F1B). `ledger` on `step` records
+    `micro_batches` per step feed the pipeline with `schedule` (a name of
+    `SCHEDULES`: "1f1b", the default, or "gpipe"). `ledger` on `step` records
     the bytes each axis sent in that step (in `self.bytes`). `check=False` skips
     the TP layers' shape agreement before each forward (one small all_gather each).
     `optimizer` names one of `OPTIMIZERS` ("adamw" or "sgd"), stepped with `lr`.
@@ -74,9 +76,12 @@ class HybridGPT:
         optimizer: str = "adamw",
         timeout: float = runtime.DEFAULT_TIMEOUT,
         check: bool = True,
+        schedule: str = "1f1b",
     ) -> None:
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer={optimizer!r}: use one of {list(OPTIMIZERS)}")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule={schedule!r}: use one of {list(SCHEDULES)}")
         if mesh.names != AXES:
             raise ValueError(f"a hybrid mesh has axes {AXES}, got {mesh.names}")
         self.layout = Layout(*mesh.shape)
@@ -101,11 +106,10 @@ class HybridGPT:
         self.module = mine
         self.pipe: Pipeline | None = None
         if pp > 1:
-            schedule = one_f_one_b(pp, micro_batches)
             placed = [mine if s == self.stage else f for s, f in enumerate(full)]
             self.pipe = Pipeline(
                 placed,
-                schedule,
+                SCHEDULES[schedule](pp, micro_batches),
                 self.loss_fn,
                 mesh.group("pp"),
                 timeout,
