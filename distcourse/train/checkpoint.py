@@ -1,14 +1,14 @@
 """Checkpoints of the trainer: DCP, written atomically, loadable on any layout.
 
 `save` writes `<dir>/step_<N>`: the model and AdamW's moments in one-process form
-(whole tensors under TinyGPT's names, `state.gather`), each rank's RNG states (the CPU's,
-and the GPU's on a GPU) and a
-`meta.json` (step = data position, the scheduler, the losses so far, the run's
-settings). Every rank writes its share with `torch.distributed.checkpoint.save`
-(DCP: each tensor once, the replicas deduplicated) into `<dir>/.tmp_step_<N>`;
-then rank 0 writes meta.json, flushes it to disk and renames the folder. A rename
-within one file system is atomic, so a crash mid-save leaves a `.tmp_` folder that
-`latest` never reads, and the last complete checkpoint stays the newest.
+(whole tensors under TinyGPT's names, `state.gather`), each rank's RNG states (the
+CPU's, and the GPU's on a GPU) and a `meta.json` (step = data position, the
+scheduler, the losses so far, the run's settings). Every rank writes its share with
+`torch.distributed.checkpoint.save` (DCP: each tensor once, the replicas
+deduplicated) into `<dir>/.tmp_step_<N>`; then rank 0 writes meta.json, flushes it
+to disk and renames the folder. A rename within one file system is atomic, so a
+crash mid-save leaves a `.tmp_` folder that `latest` never reads, and the last
+complete checkpoint stays the newest.
 
 Why one-process form: a checkpoint then knows nothing of the layout that wrote it.
 `read` loads every tensor whole on every rank (a TinyGPT is small), and the
