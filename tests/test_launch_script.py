@@ -134,5 +134,7 @@ def test_run_torchrun_restarts_a_group_whose_rank_died(tmp_path: Path) -> None:
     ranks = sorted(re.findall(r"rank (\d) attempt 1 sum 4", done.stdout))
     assert ranks == ["0", "1", "2", "3"], done.stdout
     assert "exitcode: -9" in done.stderr
+    dies = tmp_path / "dies.py"
+    dies.write_text("import sys\nsys.exit(3)\n")
     with pytest.raises(RuntimeError, match="exited with 1"):
-        run_torchrun(script, ranks=2, env=env)  # no restart: the death ends the run
+        run_torchrun(dies, ranks=2)  # no restart: a failed rank ends the run

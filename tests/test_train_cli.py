@@ -4,11 +4,6 @@ test_scripts_train_gpt.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from distcourse.train.cli import main, parser, settings
@@ -47,31 +42,17 @@ def test_check_refuses_a_pair_by_name_and_accepts_a_layout(
     )
 
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def script(*flags: str, world: int = 8) -> subprocess.CompletedProcess[str]:
-    """`python book/scripts/train_gpt.py FLAGS` with WORLD_SIZE set as torchrun
-    sets it (the script is where `--plan` gets the planner)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
-    env["WORLD_SIZE"] = str(world)
-    return subprocess.run(
-        [sys.executable, "book/scripts/train_gpt.py", *flags],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def test_plan_chooses_the_layout_and_refuses_layout_flags() -> None:
-    done = script("--check", "--plan", "h100")
-    assert done.returncode == 0, done.stderr[-2000:]
-    first, accepted = done.stdout.splitlines()
+def test_plan_chooses_the_layout_and_refuses_layout_flags(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "8")  # as torchrun sets it
+    monkeypatch.delenv("RANK", raising=False)
+    main(["--check", "--plan", "h100"])
+    first, accepted = capsys.readouterr().out.splitlines()
     assert first.startswith("--plan h100: 4x2x1 m2 1f1b (dp x pp x tp) on 8 ranks")
     assert first.endswith("ms per step on h100 (the planner's model)")
     assert accepted == "4x2x1 m2 1f1b (dp x pp x tp) fits 8 ranks: accepted"
-    refused = script("--check", "--plan", "h100", "--dp", "2")
-    assert refused.returncode == 2
-    assert "--plan h100 with --dp: --plan chooses the layout" in refused.stderr
+    with pytest.raises(SystemExit) as ended:
+        main(["--check", "--plan", "h100", "--dp", "2"])
+    assert ended.value.code == 2
+    assert "--plan h100 with --dp: --plan chooses the layout" in capsys.readouterr().err
