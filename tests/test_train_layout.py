@@ -47,6 +47,8 @@ def test_accepted_layouts_of_4_and_8_ranks() -> None:
         (TrainLayout(dp=4, ckpt="selective"), 4, "--ckpt selective"),
         (TrainLayout(dp=4, dtype="bfloat16"), 4, "--dtype bfloat16"),
         (TrainLayout(dp=4, micro_batches=2), 4, "--m 2 with --pp 1"),
+        (TrainLayout(dp=2, cp=2), 4, "--cp 2: this trainer does not compose context"),
+        (TrainLayout(dp=2, ep=2), 4, "--ep 2: this trainer does not compose expert"),
         (TrainLayout(dp=2, pp=2), 8, "= 4 ranks, but the world has 8"),
         (TrainLayout(pp=8), 8, "n_layer=4 blocks do not divide into pp=8"),
         (TrainLayout(tp=8), 8, "n_head=4 is not divisible by tp=8"),

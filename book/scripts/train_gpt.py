@@ -5,7 +5,8 @@ torchrun --nproc-per-node 8 book/scripts/train_gpt.py --dp 2 --pp 2 --tp 2 \
     --curve loss.png --compare
 
 Flags: the layout (--dp --pp --tp --micro-batches (alias --m, which torchrun's
-own parser refuses as ambiguous) --schedule --ckpt --zero/--fsdp --dtype, or
+own parser refuses as ambiguous) --schedule 1f1b|gpipe --ckpt --zero/--fsdp
+--dtype; --cp and --ep are refused above 1, by name: not composed here), or
 --plan GPU: chapter 10's planner chooses it, the fastest layout it predicts on
 that datasheet GPU (h100, h200, a100) for WORLD_SIZE ranks that this trainer
 runs; the layout flags then stay at their defaults),

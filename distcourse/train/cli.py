@@ -58,13 +58,15 @@ LAYOUT_FLAGS = {  # dest -> flag: what --plan chooses, so it must not be given
     "zero": "--zero",
     "fsdp": "--fsdp",
     "dtype": "--dtype",
+    "cp": "--cp",
+    "ep": "--ep",
 }
 
 
 def parser() -> argparse.ArgumentParser:
     """The script's flags: layout (or --plan), run, checkpoints, output."""
     p = argparse.ArgumentParser(description="Train a TinyGPT on the book's text.")
-    for flag in ("--dp", "--pp", "--tp"):
+    for flag in ("--dp", "--pp", "--tp", "--cp", "--ep"):
         p.add_argument(flag, type=int, default=1)
     p.add_argument(  # torchrun's own parser refuses a bare --m as ambiguous
         "--micro-batches", "--m", dest="m", type=int, default=1, help="per step"
@@ -127,6 +129,8 @@ def settings(args: argparse.Namespace) -> tuple[TrainLayout, RunConfig]:
         args.zero,
         args.fsdp,
         args.dtype,
+        args.cp,
+        args.ep,
     )
     run = RunConfig(
         steps=args.steps,

@@ -41,7 +41,8 @@ class TrainLayout:
     """dp x pp x tp degrees and how the parts run: `micro_batches` per step through
     the pipeline with `schedule`, `ckpt` (activation checkpointing: "none" or
     "full"), `zero` (0 = plain data parallelism; 1, 2, 3 ZeRO stages), `fsdp`
-    (ZeRO-3 as FSDP), `dtype` of the parameters."""
+    (ZeRO-3 as FSDP), `dtype` of the parameters; `cp` and `ep` (context and
+    expert parallelism) exist to be refused by name above 1: not composed here."""
 
     dp: int = 1
     pp: int = 1
@@ -52,9 +53,11 @@ class TrainLayout:
     zero: int = 0
     fsdp: bool = False
     dtype: str = "float32"
+    cp: int = 1
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "pp", "tp", "micro_batches"):
+        for name in ("dp", "pp", "tp", "micro_batches", "cp", "ep"):
             positive_int(getattr(self, name), name)
 
     @property
@@ -102,6 +105,16 @@ def refuse_pairs(layout: TrainLayout) -> None:
             raise ValueError(
                 f"--zero {layout.zero}: this trainer shards with FSDP (--zero 3 or "
                 "--fsdp); ZeRO-1 and 2 are not composed here yet"
+            )
+    for flag, degree, chapter in (
+        ("--cp", layout.cp, "12b"),
+        ("--ep", layout.ep, "12"),
+    ):
+        if degree > 1:
+            raise ValueError(
+                f"{flag} {degree}: this trainer does not compose "
+                f"{'context' if flag == '--cp' else 'expert'} parallelism (chapter "
+                f"{chapter} trains it with data parallelism on its own)"
             )
     if layout.schedule not in SCHEDULES:
         raise ValueError(
