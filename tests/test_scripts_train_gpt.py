@@ -8,7 +8,8 @@
   group, it resumes from step_4, and its losses equal the uninterrupted run's bit
   for bit (CPU, same layout). Then 1 rank resumes its checkpoint for steps 7-8
   (another layout: within compare.TOL of the uninterrupted run).
-- 8 ranks as 2 torchrun "nodes" x 4 processes on loopback (2x2x2) pass --compare.
+- 8 ranks as 2 torchrun "nodes" x 4 processes on loopback (2x2x2) pass --compare
+  (SGD: the AdamW comparison of every layout runs in process, test_train_compare).
 
 More layouts, and 8 ranks resumed on 4, run in process (test_train_compare.py,
 test_train_checkpoint.py): each torchrun costs seconds of start-up. The refusals
@@ -107,12 +108,13 @@ def test_a_rank_killed_mid_step_restarts_and_resumes_bit_identically(
 def test_two_nodes_of_four_ranks_on_loopback_compare() -> None:
     nodes = two_nodes(
         [SCRIPT, "--dp", "2", "--pp", "2", "--tp", "2", "--micro-batches", "2"]
-        + [*SMALL, "--steps", "2", "--compare", "--compare-steps", "2"],
+        + [*SMALL, "--steps", "1", "--optimizer", "sgd"]
+        + ["--compare", "--compare-steps", "2"],
         "train-gpt-test",
     )
     for status, _, err in nodes:
         assert status == 0, err[-3000:]
     lines = max((out.splitlines() for _, out, _ in nodes), key=len)
     verdicts = [line for line in lines if "difference" in line or "vs one" in line]
-    assert len(verdicts) == 8 and all(v.endswith("PASS") for v in verdicts), lines
+    assert len(verdicts) == 4 and all(v.endswith("PASS") for v in verdicts), lines
     assert lines[-1].startswith("2x2x2 m2 1f1b (dp x pp x tp) on 8 ranks, cpu;")
