@@ -10,6 +10,8 @@ the path, as tests/ is not a package).
 - `torchrun`: the arguments after `python` that start torchrun on this machine with
   a free port of its own, never torchrun's default 29500, which two test runs at
   once would share;
+- `planted`: a module's function replaced by a fake for one block (the negative
+  controls plant faults in the code under test with it);
 - `two_nodes`: a script on 8 ranks as 2 torchrun "nodes" x 4 processes on
   loopback (c10d rendezvous), each node's (status, stdout, stderr);
 - `timed_error` / `disagreements`: the error each rank's bad call raised and how
@@ -25,8 +27,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -77,6 +81,17 @@ def torchrun(ranks: int) -> list[str]:
         "--master-port",
         str(free_port()),
     ]
+
+
+@contextmanager
+def planted(module: ModuleType, name: str, fake: Callable) -> Iterator[None]:
+    """`module.name` replaced by `fake` while the block runs (every rank plants it)."""
+    real = getattr(module, name)
+    setattr(module, name, fake)
+    try:
+        yield
+    finally:
+        setattr(module, name, real)
 
 
 def two_nodes(

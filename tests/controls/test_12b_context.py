@@ -14,14 +14,11 @@ zig-zag pair held in the wrong order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from types import ModuleType
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from helpers import planted
 from torch import Tensor, nn
 
 from distcourse import checks, runtime
@@ -37,17 +34,6 @@ from distcourse.parallel.context import gpt as cg
 SHAPE = (2, 2, 16, 4)
 GQA = (2, 8, 16, 4)  # the chapter's 8 heads of q
 WHAT = "max |4 ranks - one process| of out, dq, dk, dv"
-
-
-@contextmanager
-def planted(module: ModuleType, name: str, fake: Callable) -> Iterator[None]:
-    """`module.name` replaced by `fake` while the block runs (every rank plants it)."""
-    real = getattr(module, name)
-    setattr(module, name, fake)
-    try:
-        yield
-    finally:
-        setattr(module, name, real)
 
 
 def _no_last_hop(ring_: ring.Ring, buf: Tensor) -> tuple[Tensor, Tensor]:

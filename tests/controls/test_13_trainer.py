@@ -17,16 +17,15 @@ The kill drill's verdict runs the script under torchrun with the kill disarmed
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import planted
 
 from distcourse import checks, plan
 from distcourse.launch import spawn
@@ -40,17 +39,6 @@ from distcourse.train import trainer as train_trainer
 
 LAYOUT = TrainLayout(dp=1, pp=2, tp=2, micro_batches=2)  # the chapter's
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@contextmanager
-def planted(module: ModuleType, name: str, fake: Callable) -> Iterator[None]:
-    """`module.name` replaced by `fake` while the block runs."""
-    real = getattr(module, name)
-    setattr(module, name, fake)
-    try:
-        yield
-    finally:
-        setattr(module, name, real)
 
 
 def _resumed(run: RunConfig, corpus: Corpus, other: TrainLayout, work: str) -> list:
