@@ -106,15 +106,14 @@ def refuse_pairs(layout: TrainLayout) -> None:
                 f"--zero {layout.zero}: this trainer shards with FSDP (--zero 3 or "
                 "--fsdp); ZeRO-1 and 2 are not composed here yet"
             )
-    for flag, degree, chapter in (
-        ("--cp", layout.cp, "12b"),
-        ("--ep", layout.ep, "12"),
+    for flag, degree, kind, chapter in (
+        ("--cp", layout.cp, "context", "12b"),
+        ("--ep", layout.ep, "expert", "12"),
     ):
         if degree > 1:
             raise ValueError(
-                f"{flag} {degree}: this trainer does not compose "
-                f"{'context' if flag == '--cp' else 'expert'} parallelism (chapter "
-                f"{chapter} trains it with data parallelism on its own)"
+                f"{flag} {degree}: this trainer does not compose {kind} parallelism "
+                f"(chapter {chapter} trains it with data parallelism on its own)"
             )
     if layout.schedule not in SCHEDULES:
         raise ValueError(
