@@ -80,10 +80,12 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m distcourse.devicecheck
 
-# Two test files at a time (pytest-xdist; a file's tests stay together, so its
-# module-scoped rank pools start once): ranks spend much of a test waiting, and on
-# 2 cores this took the suite from 488 s to 308 s. UNIT_WORKERS=0 runs one at a time.
-UNIT_WORKERS ?= 2
+# Three test files at a time (pytest-xdist; a file's tests stay together, so its
+# module-scoped rank pools start once): ranks spend much of a test waiting. On
+# 2 cores, 2 workers took the suite from 488 s to 308 s, and as it grew, 3 workers
+# took it from 651 s to 497 s (the CPU was busy 0.9 of 2 cores with 2).
+# UNIT_WORKERS=0 runs one at a time.
+UNIT_WORKERS ?= 3
 UNIT_ARGS = $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS) --dist loadfile)
 
 # The browser tests need the built book: `make browser` runs them.
@@ -98,9 +100,22 @@ unit: venv
 test-load: venv
 	$(PY) -m pytest tests/test_book_timing_load.py -m load
 
+# Two notebooks at a time (pytest-xdist, each notebook whole on one worker; on 2 cores
+# 13 chapters took 214 s, not 319), then alone the chapters whose verdicts time
+# something: 2 (the alpha-beta fit), 3 (all-reduces behind backward) and 5 (the
+# pipelined split), as their margins are set for an idle machine
+# (tests/test_book_timing_load.py). Each run prints its verdict count (conftest.py).
+# NB_WORKERS=0 runs every notebook one at a time.
+NB_WORKERS ?= 2
+NB_ARGS = $(if $(filter 0,$(NB_WORKERS)),,-n $(NB_WORKERS) --dist loadfile)
+TIMED_NOTEBOOKS := book/02_collectives.ipynb book/03_data_parallel.ipynb \
+	book/05_pipeline.ipynb
+NBVAL = $(PY) -m pytest --nbval --nbval-current-env \
+	--nbval-sanitize-with book/nbval.cfg --nbval-cell-timeout $(NB_TIMEOUT)
+
 notebooks: venv
-	$(PY) -m pytest book --nbval --nbval-current-env \
-		--nbval-sanitize-with book/nbval.cfg --nbval-cell-timeout $(NB_TIMEOUT)
+	$(NBVAL) book $(addprefix --ignore=,$(TIMED_NOTEBOOKS)) $(NB_ARGS)
+	$(NBVAL) $(TIMED_NOTEBOOKS)
 
 # The built book in headless Chromium at 1280x900 (tests/test_book_browser.py), and the
 # planner page's numbers against distcourse.plan (tests/test_book_browser_planner.py):

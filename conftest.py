@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 # runtime.DEVICE_VARIABLE, spelt out: importing distcourse would import torch here
 os.environ["DISTCOURSE_DEVICE"] = "cpu"
 
@@ -22,45 +24,81 @@ os.environ["DISTCOURSE_DEVICE"] = "cpu"
 # ("...: PASS", "...: True") must hold: the same check `make test-gpu` makes on GPU
 # ranks (distcourse.launch.bookrun), here on the outputs nbval has just executed, so
 # the notebooks are not executed a second time for it.
+#
+# A notebook's verdicts are checked where it ran, after its last cell: a failed one
+# fails that cell's teardown, naming the verdict. The count travels in the report's
+# user_properties, so the summary line adds up under pytest-xdist too (`make
+# notebooks` runs two notebooks at a time, each on one worker).
 
+_KEY = "notebook verdicts"
 _executed: dict[str, list] = {}  # notebook path -> the outputs of its executed cells
+_last: dict[str, str] = {}  # notebook path -> the node id of its last collected cell
+_tally: dict[str, list] = {"passed": [], "failed": []}  # one entry per notebook
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):  # noqa: ANN001, ANN201 (pytest hook)
+    report = yield
+    path = str(item.fspath)
     outputs = getattr(item, "test_outputs", None)  # an nbval cell, once it has run
     if call.when == "call" and outputs is not None:
-        _executed.setdefault(str(item.fspath), []).append(outputs)
+        _executed.setdefault(path, []).append(outputs)
+    if call.when != "teardown" or path not in _executed:
+        return report
+    if item.nodeid != _last_cell(item.session, path):
+        return report
+    passed, failed = _verdicts(path, _executed.pop(path))
+    report.user_properties.append((_KEY, (passed, failed)))
+    if failed and report.passed:
+        report.outcome = "failed"
+        report.longrepr = "verdicts that did not hold:\n" + "\n".join(failed)
+    return report
+
+
+def _last_cell(session: pytest.Session, path: str) -> str:
+    """The node id of the last cell of notebook `path` that this session runs."""
+    if not _last:
+        for item in session.items:
+            _last[str(item.fspath)] = item.nodeid
+    return _last[path]
+
+
+def pytest_runtest_logreport(report):  # noqa: ANN001, ANN201 (pytest hook)
+    for key, value in report.user_properties:
+        if key == _KEY:
+            passed, failed = value
+            _tally["passed"].append(passed)
+            _tally["failed"].append(list(failed))
 
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ANN001, ANN201 (pytest hook)
-    if not _executed:
-        return
-    passed, failed = _verdicts()
+    if hasattr(session.config, "workerinput") or not _tally["passed"]:
+        return  # an xdist worker: the controller reports, from the reports it got
+    failed = [line for lines in _tally["failed"] for line in lines]
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     for line in failed:
         reporter.write_line(f"verdict FAILED: {line}", red=True)
     reporter.write_line(
-        f"notebook verdicts: {passed} passed, {len(failed)} failed "
-        f"({len(_executed)} notebooks)"
+        f"notebook verdicts: {sum(_tally['passed'])} passed, {len(failed)} failed "
+        f"({len(_tally['passed'])} notebooks)"
     )
     if failed and session.exitstatus == 0:
         session.exitstatus = 1
 
 
-def _verdicts() -> tuple[int, list[str]]:
-    """How many verdicts held, and each failed one with its notebook's name."""
+def _verdicts(path: str, cells: list) -> tuple[int, list[str]]:
+    """How many verdicts in the executed `cells` of notebook `path` held, and each
+    failed one with the notebook's name."""
     import nbformat
     from nbformat.v4 import new_code_cell, new_notebook
 
     from distcourse.launch import bookrun
 
-    count, failed = 0, []
-    for path, cells in sorted(_executed.items()):
-        executed = new_notebook(cells=[new_code_cell(outputs=o) for o in cells])
-        stored = nbformat.read(path, as_version=4)
-        passed, bad = bookrun.verdicts(executed, bookrun.expected_negatives(stored))
-        count += len(passed)
-        failed += [f"{os.path.basename(path)}: {line}" for line in bad]
-        if not passed and bookrun.verdicts(stored)[0]:
-            failed.append(f"{os.path.basename(path)}: printed no verdict this time")
-    return count, failed
+    executed = new_notebook(cells=[new_code_cell(outputs=o) for o in cells])
+    stored = nbformat.read(path, as_version=4)
+    passed, bad = bookrun.verdicts(executed, bookrun.expected_negatives(stored))
+    name = os.path.basename(path)
+    failed = [f"{name}: {line}" for line in bad]
+    if not passed and bookrun.verdicts(stored)[0]:
+        failed.append(f"{name}: printed no verdict this time")
+    return len(passed), failed

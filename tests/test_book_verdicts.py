@@ -23,8 +23,8 @@ pytest.importorskip("nbval")  # a GPU box may run the unit tests without it
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run_nbval(folder: Path, printed: str, stored: str) -> subprocess.CompletedProcess:
-    """pytest --nbval on a notebook that prints `printed` where `stored` is stored.
+def _write(path: Path, printed: str, stored: str) -> Path:
+    """A notebook that prints `printed` where `stored` is stored.
 
     The cell is marked NBVAL_IGNORE_OUTPUT, as a timing cell would be: nbval itself
     does not compare it, so only the verdict check can see what it printed.
@@ -34,12 +34,22 @@ def _run_nbval(folder: Path, printed: str, stored: str) -> subprocess.CompletedP
         execution_count=2,
         outputs=[new_output("stream", name="stdout", text=stored + "\n")],
     )
-    path = folder / "verdicts.ipynb"
     nbformat.write(
         new_notebook(cells=[new_code_cell("x = 1", execution_count=1), cell]), path
     )
-    command = [sys.executable, "-m", "pytest", str(path), "--nbval-lax", "-q"]
-    command += ["--nbval-current-env", "-p", "no:cacheprovider"]
+    return path
+
+
+def _run_nbval(
+    folder: Path, printed: str, stored: str, *more: Path, workers: int = 0
+) -> subprocess.CompletedProcess:
+    """pytest --nbval on verdicts.ipynb (`_write`) and the notebooks `more`, on
+    `workers` pytest-xdist workers (0: in pytest's own process)."""
+    path = _write(folder / "verdicts.ipynb", printed, stored)
+    command = [sys.executable, "-m", "pytest", str(path), *map(str, more)]
+    command += ["--nbval-lax", "-q", "--nbval-current-env", "-p", "no:cacheprovider"]
+    if workers:
+        command += ["-n", str(workers), "--dist", "loadfile"]
     return subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, timeout=120
     )
@@ -76,3 +86,15 @@ def test_a_fail_printed_on_purpose_in_the_stored_notebook_passes(
     shown = "one bucket hides nothing: False"  # a check shown failing on purpose
     run = _run_nbval(folder, shown, shown)
     assert run.returncode == 0, run.stdout
+
+
+def test_verdicts_are_checked_and_counted_on_xdist_workers(folder: Path) -> None:
+    """`make notebooks` runs two notebooks at a time: each worker checks its own
+    notebook's verdicts, and the summary adds up the workers' counts."""
+    good = _write(folder / "good.ipynb", "same on every rank: True", "same: True")
+    run = _run_nbval(
+        folder, "diff <= 1e-06: FAIL", "diff <= 1e-06: PASS", good, workers=2
+    )
+    assert run.returncode == 1, run.stdout
+    assert "verdict FAILED: verdicts.ipynb: diff <= 1e-06: FAIL" in run.stdout
+    assert "notebook verdicts: 1 passed, 2 failed (2 notebooks)" in run.stdout
