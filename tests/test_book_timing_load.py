@@ -5,7 +5,7 @@ timing functions, on this machine's cores, and decides the verdict the chapter
 prints with the chapter's margin: chapter 2's held-out sizes within a factor 3 of
 the fitted alpha-beta model (`costmodel.held_out`, 2 ranks, best of the repeats),
 and chapter 3's "some all-reduce completed behind backward" (`trace.hidden_fraction`
-on `DDP.timeline`, 4 ranks x 5 steps). Chapter 5's pipelined split prints no
+on `DDP.timeline`, 4 ranks x 10 steps). Chapter 5's pipelined split prints no
 verdict: under this load its best split beat the naive one by 1.02x (idle, 1.26x
 to 1.5x), since its two stages overlap only while each rank has a core; this test
 still runs the chapter's script and prints the ratio it saw. Marked `load`: it
@@ -71,13 +71,13 @@ def _chapter2_verdicts() -> list[str]:
 
 
 def _chapter3_shares() -> list[float]:
-    """On each of 4 ranks: chapter 3's hidden shares, 5 steps after a warm-up."""
+    """On each of 4 ranks: chapter 3's hidden shares, 10 steps after a warm-up."""
     runtime.seed_everything(torch.distributed.get_rank())
     x, y = torch.randn(256, 64), torch.randint(0, 10, (256,))
     runtime.seed_everything(0, per_rank=False)
     net = DDP(models.wide_mlp(width=256, depth=6, d_in=64), bucket_cap_mb=0.25)
     shares = []
-    for _ in range(6):
+    for _ in range(11):
         net.zero_grad()
         F.cross_entropy(net(x), y).backward()
         shares.append(trace.hidden_fraction(net.timeline))

@@ -1,7 +1,7 @@
 """Negative controls for the chapter 3 overlap verdict rewritten by issue 31 (item 2).
 
 Overlap: the chapter prints `some all-reduce completed behind backward, in at least
-one of 20 steps (4 ranks x 5): True`, from `trace.hidden_fraction` of our DDP's
+one of 40 steps (4 ranks x 10): True`, from `trace.hidden_fraction` of our DDP's
 timeline. The measure used to count every all-reduce launched before the last
 gradient, so any DDP with two buckets passed. Here the same check runs on a real DDP
 that launches its one all-reduce at the last gradient, and on planted timelines of a
@@ -25,7 +25,7 @@ def _overlap_line(shares: list[float]) -> str:
     """The chapter's verdict line, from every step's hidden share."""
     return (
         f"some all-reduce completed behind backward, in at least one of "
-        f"{len(shares)} steps (4 ranks x 5): {max(shares) > 0}"
+        f"{len(shares)} steps (4 ranks x 10): {max(shares) > 0}"
     )
 
 
