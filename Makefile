@@ -86,7 +86,10 @@ lint: venv
 # took it from 651 s to 497 s (the CPU was busy 0.9 of 2 cores with 2).
 # UNIT_WORKERS=0 runs one at a time.
 UNIT_WORKERS ?= 3
-UNIT_ARGS = $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS) --dist loadfile)
+# pytest-xdist's arguments for $(1) workers, each test file (or notebook) whole on one
+# worker; none for 0
+xdist = $(if $(filter 0,$(1)),,-n $(1) --dist loadfile)
+UNIT_ARGS = $(call xdist,$(UNIT_WORKERS))
 
 # The browser tests need the built book: `make browser` runs them.
 BROWSER_TESTS := tests/test_book_browser.py tests/test_book_browser_planner.py
@@ -107,7 +110,7 @@ test-load: venv
 # (tests/test_book_timing_load.py). Each run prints its verdict count (conftest.py).
 # NB_WORKERS=0 runs every notebook one at a time.
 NB_WORKERS ?= 2
-NB_ARGS = $(if $(filter 0,$(NB_WORKERS)),,-n $(NB_WORKERS) --dist loadfile)
+NB_ARGS = $(call xdist,$(NB_WORKERS))
 TIMED_NOTEBOOKS := book/02_collectives.ipynb book/03_data_parallel.ipynb \
 	book/05_pipeline.ipynb
 NBVAL = $(PY) -m pytest --nbval --nbval-current-env \
