@@ -33,7 +33,7 @@ os.environ["DISTCOURSE_DEVICE"] = "cpu"
 _KEY = "notebook verdicts"
 _executed: dict[str, list] = {}  # notebook path -> the outputs of its executed cells
 _last: dict[str, str] = {}  # notebook path -> the node id of its last collected cell
-_tally: dict[str, list] = {"passed": [], "failed": []}  # one entry per notebook
+_tally: list[tuple[int, list[str]]] = []  # (verdicts held, failed ones) per notebook
 
 
 @pytest.hookimpl(wrapper=True)
@@ -67,20 +67,19 @@ def pytest_runtest_logreport(report):  # noqa: ANN001, ANN201 (pytest hook)
     for key, value in report.user_properties:
         if key == _KEY:
             passed, failed = value
-            _tally["passed"].append(passed)
-            _tally["failed"].append(list(failed))
+            _tally.append((passed, list(failed)))
 
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ANN001, ANN201 (pytest hook)
-    if hasattr(session.config, "workerinput") or not _tally["passed"]:
+    if hasattr(session.config, "workerinput") or not _tally:
         return  # an xdist worker: the controller reports, from the reports it got
-    failed = [line for lines in _tally["failed"] for line in lines]
+    failed = [line for _, lines in _tally for line in lines]
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     for line in failed:
         reporter.write_line(f"verdict FAILED: {line}", red=True)
     reporter.write_line(
-        f"notebook verdicts: {sum(_tally['passed'])} passed, {len(failed)} failed "
-        f"({len(_tally['passed'])} notebooks)"
+        f"notebook verdicts: {sum(passed for passed, _ in _tally)} passed, "
+        f"{len(failed)} failed ({len(_tally)} notebooks)"
     )
     if failed and session.exitstatus == 0:
         session.exitstatus = 1
