@@ -40,11 +40,6 @@ from torch.utils.checkpoint import (
     checkpoint,
     create_selective_checkpoint_contexts,
 )
-from torch.utils.flop_counter import (
-    FlopCounterMode,
-    sdpa_backward_flop_count,
-    sdpa_flop_count,
-)
 
 from distcourse import clock
 
@@ -155,11 +150,17 @@ def checkpoint_blocks(model: nn.Module, policy: str) -> nn.Module:
     return model
 
 
+# torch.utils.flop_counter is imported where it is used: it imports triton (0.2 s of
+# every trainer rank's start-up, which never counts FLOPs)
 def _cpu_attention(query, key, value, *_, out_shape=None, **__) -> int:  # noqa: ANN001
+    from torch.utils.flop_counter import sdpa_flop_count
+
     return sdpa_flop_count(query, key, value)
 
 
 def _cpu_attention_backward(grad, query, key, value, *_, out_shape=None, **__) -> int:  # noqa: ANN001
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
     return sdpa_backward_flop_count(grad, query, key, value)
 
 
@@ -176,6 +177,8 @@ def step_flops(run: Callable[[], Tensor]) -> int:
     """FLOPs of one forward and backward: `run()` returns a scalar loss, whose
     backward runs here; recomputed forwards are counted where they run. Matrix
     products and attention only (what FlopCounterMode counts), as MFU counts them."""
+    from torch.utils.flop_counter import FlopCounterMode
+
     with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
         run().backward()
     return counter.get_total_flops()
