@@ -155,7 +155,7 @@ def candidates(
     keep = {k: fixed.pop(k) for k in DEGREES if k in fixed}
     ep, cp = fixed.get("ep", 1), fixed.get("cp", 1)
     rest = gpus // (ep * cp) if gpus % (ep * cp) == 0 else 0
-    found: list[PlanLayout] = []
+    found: dict[PlanLayout, None] = {}  # a set that keeps the order found
     for dp, tp in itertools.product(divisors(rest), divisors(rest)):
         if rest % (dp * tp) or tp > hw.gpus_per_node:
             continue
@@ -174,9 +174,8 @@ def candidates(
                     check(model, batch, layout, gpus)
                 except ValueError:
                     continue
-                if layout not in found:
-                    found.append(layout)
-    return found
+                found[layout] = None  # `fixed` can make two choices one layout
+    return list(found)
 
 
 def search(
