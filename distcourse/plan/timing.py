@@ -201,11 +201,12 @@ def step_time(
     seconds = dict(compute=m * unit, bubble=(p - 1) / layout.virtual * unit)
     where = axis_links(layout, hw)
     wire = {axis: 0 for axis in layout_axes(layout)}
+    sent = [rank_messages(model, batch, policy, layout, r) for r in range(p)]
     for axis in wire:
         alpha, beta = hw.link(where[axis])
         worst = 0.0
         for r in range(p):
-            nbytes, steps = rank_messages(model, batch, policy, layout, r)[axis]
+            nbytes, steps = sent[r][axis]
             worst = max(worst, steps * alpha + nbytes * beta)
             wire[axis] = max(wire[axis], nbytes)
         seconds[axis] = worst
