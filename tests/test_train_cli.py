@@ -29,6 +29,25 @@ def test_micro_batches_has_a_long_name_torchrun_accepts() -> None:
     assert layout.fsdp and run.optimizer == "adamw" and run.ckpt_dir is None
 
 
+def test_data_parallelism_takes_the_ranks_the_other_degrees_leave(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # no torchrun: one rank
+    assert settings(parser().parse_args([]))[0].dp == 1
+    monkeypatch.setenv("WORLD_SIZE", "8")  # as torchrun sets it
+    for flags, dp in ([], 8), (["--pp", "2"], 4), (["--pp", "2", "--tp", "2"], 2):
+        assert settings(parser().parse_args(flags))[0].dp == dp, flags
+    assert settings(parser().parse_args(["--dp", "2", "--pp", "2"]))[0].dp == 2
+    main(["--check"])
+    assert capsys.readouterr().out == "8x1x1 (dp x pp x tp) fits 8 ranks: accepted\n"
+    monkeypatch.setenv("WORLD_SIZE", "6")  # pp 4 does not divide 6 ranks
+    with pytest.raises(SystemExit) as ended:
+        main(["--check", "--pp", "4", "--micro-batches", "4"])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert "layout dp=1 x pp=4 x tp=1 = 4 ranks, but the world has 6" in err
+
+
 def test_check_refuses_a_pair_by_name_and_accepts_a_layout(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

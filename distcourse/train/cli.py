@@ -4,6 +4,9 @@
         --dp 2 --pp 2 --tp 2 --micro-batches 2 --steps 200 \
         --ckpt-dir ckpt --ckpt-every 50 --curve loss.png --compare
 
+Without --dp, data parallelism takes the ranks the other degrees leave: plain
+`torchrun --nproc-per-node 8 book/scripts/train_gpt.py --compare` is 8-way DDP.
+
 The layout is checked before any group exists: `--check` (no torchrun) checks it
 and starts nothing; under torchrun (which set WORLD_SIZE) every rank checks it
 before it joins. A layout the trainer cannot compose ends with a message naming
@@ -66,7 +69,14 @@ LAYOUT_FLAGS = {  # dest -> flag: what --plan chooses, so it must not be given
 def parser() -> argparse.ArgumentParser:
     """The script's flags: layout (or --plan), run, checkpoints, output."""
     p = argparse.ArgumentParser(description="Train a TinyGPT on the book's text.")
-    for flag in ("--dp", "--pp", "--tp", "--cp", "--ep"):
+    p.add_argument(
+        "--dp",
+        type=int,
+        default=None,
+        help="data-parallel degree; default: the ranks the other degrees leave, "
+        "WORLD_SIZE / (pp x tp)",
+    )
+    for flag in ("--pp", "--tp", "--cp", "--ep"):
         p.add_argument(flag, type=int, default=1)
     p.add_argument(  # torchrun's own parser refuses a bare --m as ambiguous
         "--micro-batches", "--m", dest="m", type=int, default=1, help="per step"
@@ -117,10 +127,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def data_degree(args: argparse.Namespace) -> int:
+    """--dp as given; else the ranks the other degrees leave: WORLD_SIZE (1
+    without torchrun) over pp x tp x cp x ep, as torchtitan's data_parallel_shard
+    -1 fills the world. 1 where that product does not divide it: the layout check
+    then names the mismatch."""
+    if args.dp is not None:
+        return args.dp
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    rest = args.pp * args.tp * args.cp * args.ep
+    return world // rest if rest > 0 and world % rest == 0 else 1
+
+
 def settings(args: argparse.Namespace) -> tuple[TrainLayout, RunConfig]:
     """The layout and the run the flags describe."""
     layout = TrainLayout(
-        args.dp,
+        data_degree(args),
         args.pp,
         args.tp,
         args.m,
