@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import re
+import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from distcourse.launch.script import (
+    PORT_FLOOR,
     by_rank,
+    ephemeral_floor,
     excerpt,
     free_port,
     run_script,
     run_torchrun,
     swapped,
 )
+from distcourse.rendezvous import LOOPBACK
 
 
 def test_swapped_replaces_exactly_one_whole_line() -> None:
@@ -41,6 +46,27 @@ def test_run_script_returns_stdout_with_its_environment(tmp_path: Path) -> None:
     )
     assert out.splitlines() == ["1 True", "True 7"]
     assert 0 < free_port() < 65536
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_are_free(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Below it, no outgoing connection or port-0 listener (gloo's) can take the
+    port between the draw and the program's listen."""
+    ports = {free_port() for _ in range(20)}
+    assert len(ports) > 10  # drawn at random: two test files rarely meet
+    for port in ports:
+        assert PORT_FLOOR <= port < ephemeral_floor()
+    held_port, other = sorted(ports)[:2]
+    with socket.socket() as held:  # a port in use is drawn, then skipped
+        held.bind((LOOPBACK, held_port))
+        held.listen()
+        draws = iter([held_port, other])
+        monkeypatch.setattr(  # the module's random is Python's: restored after
+            "distcourse.launch.script.random.SystemRandom",
+            lambda: SimpleNamespace(randrange=lambda low, high: next(draws)),
+        )
+        assert free_port() == other
 
 
 def test_a_failing_script_raises_with_its_error(tmp_path: Path) -> None:

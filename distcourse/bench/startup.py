@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import socket
 import statistics
 import time
 
 from distcourse.launch import cluster
+from distcourse.launch.script import free_port
 
 
 def stock(n: int) -> dict[str, float]:
@@ -31,9 +31,7 @@ def stock(n: int) -> dict[str, float]:
     view = rc[:]
     view.execute("import torch, torch.distributed as dist", block=True)
     t2 = time.perf_counter()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # below the ephemeral range: gloo cannot take it meanwhile
     for r, e in enumerate(sorted(rc.ids)):
         rc[e].push(dict(rank=r), block=True)
     view.execute(

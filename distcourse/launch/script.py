@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import os
+import random
 import re
 import socket
 import subprocess
@@ -31,9 +32,37 @@ Swap = tuple[str, str]
 RANK = re.compile(r"\brank (\d+)\b")
 
 
+PORT_FLOOR = 20000  # above the usual fixed ports of local servers (8000, 8888, ...)
+
+
+def ephemeral_floor() -> int:
+    """The first port of the kernel's ephemeral range: Linux's ip_local_port_range
+    (32768 by default), else IANA's 49152 (macOS and Windows use it)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
 def free_port() -> int:
-    """A TCP port on the loopback interface that nothing listens on right now."""
-    with socket.socket() as sock:
+    """A TCP port on the loopback interface that nothing listens on right now.
+
+    Drawn below the ephemeral range, from which the kernel hands out the ports of
+    outgoing connections and of listeners bound to port 0. gloo binds many of
+    those, so an ephemeral port free now may be taken before the program listens
+    on it (seen with 3 test files running: EADDRINUSE). A port below the range is
+    taken only by a program that names it."""
+    top, draw = ephemeral_floor(), random.SystemRandom()  # not the seeded global
+    for _ in range(100 if top - PORT_FLOOR >= 1000 else 0):
+        port = draw.randrange(PORT_FLOOR, top)
+        with socket.socket() as sock:
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:  # in use: draw again
+                continue
+            return port
+    with socket.socket() as sock:  # an odd range, or 100 ports in use: any port
         sock.bind((LOOPBACK, 0))
         return sock.getsockname()[1]
 
