@@ -127,6 +127,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def torchrun_world(default: int = 1) -> int:
+    """WORLD_SIZE as torchrun set it; `default` where no torchrun started us."""
+    return int(os.environ.get("WORLD_SIZE", default))
+
+
 def data_degree(args: argparse.Namespace) -> int:
     """--dp as given; else the ranks the other degrees leave: WORLD_SIZE (1
     without torchrun) over pp x tp x cp x ep, as torchtitan's data_parallel_shard
@@ -134,7 +139,7 @@ def data_degree(args: argparse.Namespace) -> int:
     then names the mismatch."""
     if args.dp is not None:
         return args.dp
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    world = torchrun_world()
     rest = args.pp * args.tp * args.cp * args.ep
     return world // rest if rest > 0 and world % rest == 0 else 1
 
@@ -185,7 +190,7 @@ def planned_layout(
             f"--plan {args.plan} with {', '.join(given)}: --plan chooses the layout; "
             "leave the layout flags at their defaults"
         )
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    world = torchrun_world()
     try:
         layout, prediction = planned(world, cfg, batch, plan.named(args.plan))
     except ValueError as err:
@@ -231,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
             kill = fault.parse(args.kill)
         except ValueError as err:
             p.error(str(err))
-    world = int(os.environ.get("WORLD_SIZE", layout.world))
+    world = torchrun_world(default=layout.world)
     try:
         check(layout, run.model(corpus), world, run.batch)
     except ValueError as err:
