@@ -54,7 +54,8 @@ def free_port() -> int:
     on it (seen with 3 test files running: EADDRINUSE). A port below the range is
     taken only by a program that names it."""
     top, draw = ephemeral_floor(), random.SystemRandom()  # not the seeded global
-    for _ in range(100 if top - PORT_FLOOR >= 1000 else 0):
+    tries = 100 if top - PORT_FLOOR >= 1000 else 0  # an odd range: port 0 below
+    for _ in range(tries):
         port = draw.randrange(PORT_FLOOR, top)
         with socket.socket() as sock:
             try:
