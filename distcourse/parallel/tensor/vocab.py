@@ -48,7 +48,10 @@ class VocabParallelEmbedding(nn.Module):
 
     Input: the same token ids (B, T) on every rank. Output: (B, T, C), replicated;
     with `sequence_parallel`, this rank's part of the sequence (reduce-scatter in
-    place of the all-reduce, along `seq_dim`).
+    place of the all-reduce, along `seq_dim`). `check=False` skips the shape
+    agreement and the ids' range check too: reading the ids' smallest and largest
+    value is a device-to-host sync on a GPU, so a caller that drops the checks
+    (e.g. after checking its batch on the host) drops that sync as well.
     """
 
     def __init__(
@@ -89,7 +92,8 @@ class VocabParallelEmbedding(nn.Module):
         tp, name = self.tp, "VocabParallelEmbedding"
 
         def ids_in_vocabulary() -> int:
-            _check_ids(name, ids, self.num_embeddings)
+            if self.check:  # a host sync on a device: only where the layer checks
+                _check_ids(name, ids, self.num_embeddings)
             return -1
 
         agree(name, ids, tp.group, validate=ids_in_vocabulary, check=self.check)
@@ -168,6 +172,7 @@ def vocab_parallel_cross_entropy(
     head's output); `target` (...): token ids in [0, V), the same on every rank.
     Returns the mean (or "sum", or "none": per token) on every rank. Messages: one
     all_reduce (max) of the tokens' count and one of twice that; no logits move.
+    `check=False` skips the agreement and the targets' range check (a host sync).
     """
     tp = members(group, "vocab_parallel_cross_entropy")
     name = "vocab_parallel_cross_entropy"
@@ -182,7 +187,8 @@ def vocab_parallel_cross_entropy(
                 f"{name}: target of shape {list(target.shape)} does not "
                 f"fit logits of shape {list(logits.shape)}"
             )
-        _check_ids(name, target, logits.shape[-1] * tp.size)
+        if check:  # a host sync on a device: only where the caller checks
+            _check_ids(name, target, logits.shape[-1] * tp.size)
         return -1
 
     agree(name, logits, group, validate=arguments_fit, check=check)
