@@ -11,11 +11,44 @@ cluster.default_ranks read it). A GPU run of the book is `make test-gpu`.
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
 # runtime.DEVICE_VARIABLE, spelt out: importing distcourse would import torch here
 os.environ["DISTCOURSE_DEVICE"] = "cpu"
+
+
+# ------------------------------------------------ nbval's kernels on Unix sockets -----
+# jupyter_client starts a kernel on five TCP ports it found free by binding port 0 and
+# closing the socket; the kernel binds them a second or more later, once it has
+# started. Those ports come from the ephemeral range, where the gloo ranks of the
+# test files running beside it bind their own listeners all the time: one taken in
+# between kills the kernel ("ZMQError: Address already in use"), and its notebook's
+# cells end as errors. Under an 8-rank gloo loop, 2 of 120 kernel starts died so; it
+# failed tests/test_book_verdicts.py inside `make test`. ZeroMQ's ipc transport
+# binds a socket file that no other process names: nothing can take it.
+def pytest_configure(config):  # noqa: ANN001, ANN201 (pytest hook)
+    if os.name != "posix" or not config.pluginmanager.hasplugin("nbval"):
+        return
+    import uuid
+
+    import nbval.kernel
+    from jupyter_client.manager import KernelManager
+    from traitlets import default
+
+    class UnixSocketKernel(KernelManager):
+        """A kernel manager whose kernel talks over Unix socket files of its own."""
+
+        @default("transport")
+        def _transport_default(self) -> str:
+            return "ipc"
+
+        @default("ip")
+        def _ip_default(self) -> str:  # the files' prefix: unique per kernel
+            return os.path.join(tempfile.gettempdir(), f"nbval-{uuid.uuid4().hex}")
+
+    nbval.kernel.KernelManager = UnixSocketKernel
 
 
 # ------------------------------------------------------ verdicts of the notebooks -----

@@ -45,8 +45,14 @@ def _run_nbval(
 ) -> subprocess.CompletedProcess:
     """pytest --nbval on verdicts.ipynb (`_write`) and the notebooks `more`, on
     `workers` pytest-xdist workers (0: in pytest's own process)."""
-    path = _write(folder / "verdicts.ipynb", printed, stored)
-    command = [sys.executable, "-m", "pytest", str(path), *map(str, more)]
+    return _pytest(
+        _write(folder / "verdicts.ipynb", printed, stored), *more, workers=workers
+    )
+
+
+def _pytest(*notebooks: Path, workers: int = 0) -> subprocess.CompletedProcess:
+    """pytest --nbval (lax) on `notebooks`, from the repository's root."""
+    command = [sys.executable, "-m", "pytest", *map(str, notebooks)]
     command += ["--nbval-lax", "-q", "--nbval-current-env", "-p", "no:cacheprovider"]
     if workers:
         command += ["-n", str(workers), "--dist", "loadfile"]
@@ -96,5 +102,22 @@ def test_verdicts_are_checked_and_counted_on_xdist_workers(folder: Path) -> None
         folder, "diff <= 1e-06: FAIL", "diff <= 1e-06: PASS", good, workers=2
     )
     assert run.returncode == 1, run.stdout
-    assert "verdict FAILED: verdicts.ipynb: diff <= 1e-06: FAIL" in run.stdout
-    assert "notebook verdicts: 1 passed, 2 failed (2 notebooks)" in run.stdout
+    assert "verdict FAILED: verdicts.ipynb: diff <= 1e-06: FAIL" in run.stdout, (
+        run.stdout
+    )
+    assert "notebook verdicts: 1 passed, 2 failed (2 notebooks)" in run.stdout, (
+        run.stdout
+    )
+
+
+def test_nbvals_kernels_talk_over_unix_sockets(folder: Path) -> None:
+    """conftest.py starts nbval's kernels on ipc sockets: a TCP port that
+    jupyter_client found free could be taken by a gloo rank before the kernel bound
+    it (the kernel died, and this file's xdist test failed inside `make test`)."""
+    cell = new_code_cell(
+        "from ipykernel.kernelapp import IPKernelApp\n"
+        "assert IPKernelApp.instance().transport == 'ipc'"
+    )
+    nbformat.write(new_notebook(cells=[cell]), folder / "transport.ipynb")
+    run = _pytest(folder / "transport.ipynb")
+    assert run.returncode == 0, run.stdout
