@@ -7,10 +7,13 @@ current stream, not when the GPU has finished it (torch's docs of `Work.get_futu
 So timing device work needs either a synchronize before each host clock read, or
 device events recorded on the stream (CUDA events), read after a synchronize.
 
-On the CPU (gloo ranks) work runs when it is called and both ways agree. On the
-emulated GPU rank (`DISTCOURSE_DEVICE=emulated`) the device module's `synchronize`
-is counted, so the emulation can tell timed code that synchronized from code that did
-not. Everything here takes the device explicitly or uses this rank's.
+One path for every GPU (`distcourse.accelerator`): on CUDA and on the emulated GPU a
+stamp is a device event of the device's module, and `seconds` synchronizes before
+reading two of them. On the CPU (gloo ranks) work runs when it is called: a stamp is
+the host's clock. Every host clock read goes through `emulate.timing.clock`, which
+refuses to be read while emulated device work (compute or communication) is issued
+and not synchronized (RULE_TIMING): on a GPU that read would measure enqueueing.
+Everything here takes the device explicitly or uses this rank's.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Any
 
 import torch
 
-from distcourse import runtime
+from distcourse import accelerator, runtime
+from distcourse.emulate import timing
 
 
 def _device(device: torch.device | str | None) -> torch.device:
@@ -31,28 +35,29 @@ def _device(device: torch.device | str | None) -> torch.device:
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait until `device` (default: this rank's) has finished the work queued on it.
 
-    Nothing to wait for on the CPU; on a GPU, `torch.cuda.synchronize`; on another
-    accelerator (the emulated one included), its device module's `synchronize`.
+    Nothing to wait for on the CPU; on a GPU (CUDA's or the emulated one) or another
+    accelerator, its device module's `synchronize` (`torch.cuda.synchronize`).
     """
     device = _device(device)
     if device.type == "cpu":
         return
-    torch.get_device_module(device).synchronize(device)
+    accelerator.module(device).synchronize(device)
 
 
 class Stamp:
-    """A point in a device's stream: a CUDA event on a GPU, else a host time taken
-    after a synchronize (so work queued before it has finished)."""
+    """A point in a device's stream: a device event on a GPU (CUDA's or emulated),
+    else a host time taken after a synchronize (so work queued before it has
+    finished)."""
 
     def __init__(self, device: torch.device) -> None:
         self.event: Any = None
         self.host: float | None = None
-        if device.type == "cuda":
-            self.event = torch.cuda.Event(enable_timing=True)
+        if accelerator.is_gpu(device):
+            self.event = accelerator.module(device).Event(enable_timing=True)
             self.event.record()
         else:
             synchronize(device)
-            self.host = time.perf_counter()
+            self.host = timing.clock()
 
 
 class DeviceTimer:
@@ -73,6 +78,8 @@ class DeviceTimer:
         """Mark this point of the (current) stream."""
         stamp = Stamp(self.device)
         if stamp.event is not None and self.origin is None:
+            # the host's time at the first stamp: an origin for timelines (where
+            # the event was enqueued), not a measurement of device work
             self.origin = (stamp, time.perf_counter())
         return stamp
 

@@ -223,62 +223,6 @@ def test_a_wrapper_over_a_device_tensor_gets_cpps_gpu0() -> None:
     assert emulate.wrapper_device(torch.device("cpu")) == torch.device("cpu")
 
 
-def _attention_saves(device: torch.device) -> tuple[list[tuple], list[list]]:
-    """What fused attention keeps for backward on `device`, and its gradients."""
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 16, 8).to(device).requires_grad_() for _ in range(3))
-    saved: list[tuple] = []
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        saved.append((tuple(t.shape), t.untyped_storage().nbytes()))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    out.square().sum().backward()
-    return sorted(saved), [t.grad.cpu().tolist() for t in (q, k, v)]
-
-
-def test_attention_runs_a_fused_kernel_as_on_a_gpu() -> None:
-    """torch gives a Python device its math path, which keeps the 16 x 16 scores;
-    the emulated device runs the CPU's fused kernel: the same saved tensors (q, k,
-    v, output, log-sum-exp) and gradients as on the CPU."""
-    on_device, on_host = _attention_saves(GPU), _attention_saves(torch.device("cpu"))
-    assert on_device == on_host
-    assert (2, 4, 16) in [shape for shape, _ in on_device[0]]  # the log-sum-exp
-
-
-def test_attention_under_sdpa_kernel_math_keeps_the_scores() -> None:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel(SDPBackend.MATH):
-        on_device, on_host = (
-            _attention_saves(GPU),
-            _attention_saves(torch.device("cpu")),
-        )
-    assert on_device == on_host
-    assert (2, 4, 16, 16) in [shape for shape, _ in on_device[0]]  # the scores
-
-
-def _autocast_step(device: torch.device) -> tuple:
-    torch.manual_seed(0)
-    emb, lin = nn.Embedding(10, 4).to(device), nn.Linear(4, 10).to(device)
-    with torch.autocast(device.type, dtype=torch.bfloat16):
-        h = emb(torch.tensor([1, 2], device=device))  # no autocast kernel: as is
-        y = lin(h)  # the lower-precision list: bfloat16
-        loss = torch.nn.functional.cross_entropy(y, torch.tensor([3, 4], device=device))
-    loss.backward()  # a loss: float32
-    return h.dtype, y.dtype, loss.dtype, loss.item(), lin.weight.grad.cpu().tolist()
-
-
-def test_autocast_on_the_device_follows_the_cpus_policy() -> None:
-    """torch registers no autocast kernels for a Python device; the emulation's
-    cast as the CPU's do, so the numbers equal an autocast CPU run."""
-    on_device, on_host = _autocast_step(GPU), _autocast_step(torch.device("cpu"))
-    assert on_device == on_host
-    assert on_device[:3] == (torch.float32, torch.bfloat16, torch.float32)
-
-
 def test_a_positional_device_argument_lands_on_the_device() -> None:
     """aten.to.device takes the device by position (DTensor's loss_parallel calls
     it); it was taken for a host op's result."""

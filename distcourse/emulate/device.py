@@ -28,8 +28,6 @@ The rules modelled, each from CUDA/torch behaviour:
 from __future__ import annotations
 
 import copy
-import os
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +35,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from distcourse.emulate import counters, schema
+from distcourse.emulate import completion, counters, rng, schema, timing
 from distcourse.emulate.ordinal import DEVICE_TYPE, current, current_device
 
 RULE_SAME_DEVICE = "same-device rule (emulated GPU)"
@@ -69,15 +67,8 @@ _HOST_INDEXED = {  # advanced indexing takes index tensors from the host
     _aten._index_put_impl_.default,
 }
 _SCALAR_OUT = {_aten._local_scalar_dense.default}
-_SHAPE_QUERIES = {  # a wrapper's geometry is its host data's, whatever ran in place
-    _aten.sym_size.default: torch.Tensor.size,
-    _aten.sym_stride.default: torch.Tensor.stride,
-    _aten.sym_numel.default: torch.Tensor.numel,
-    _aten.sym_storage_offset.default: torch.Tensor.storage_offset,
-    _aten.dim.default: torch.Tensor.dim,
-}
+_SEEDED = torch.Tag.nondeterministic_seeded
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
 _state: dict[str, Any] = {"setup": False}
 
 
@@ -106,7 +97,7 @@ class DeviceTensor(torch.Tensor):
             layout=host.layout,
             device=torch.device(DEVICE_TYPE, 0),  # see `device` below
             requires_grad=False,
-            # sizes and strides are asked of the host data (_SHAPE_QUERIES), so an
+            # sizes and strides are asked of the host data (schema.SHAPE_QUERIES), so an
             # in-place resize_ or set_ (all_gather_object's, FSDP's) shows through
             dispatch_sizes_strides_policy="sizes",
         )
@@ -199,8 +190,8 @@ class DeviceTensor(torch.Tensor):
     def __torch_dispatch__(
         cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
     ) -> Any:
-        if func in _SHAPE_QUERIES:
-            return _SHAPE_QUERIES[func](args[0]._host)
+        if func in schema.SHAPE_QUERIES:
+            return schema.SHAPE_QUERIES[func](args[0]._host)
         return _dispatch(func, args, kwargs or {})
 
 
@@ -235,16 +226,32 @@ def _dispatch(func: Any, args: Any, kwargs: dict) -> Any:
         _check_same_device(func, devices, hosts)
     elif func is _aten.copy_.default and not isinstance(args[0], DeviceTensor):
         leaving = synced = True  # copy_(host_dst, device_src)
-    if func.namespace in _COLLECTIVE_NAMESPACES:
+    later = synced and schema.non_blocking(func, h_args, h_kwargs)
+    collective = func.namespace in _COLLECTIVE_NAMESPACES
+    if func not in schema.METADATA and not func.is_view:
+        timing.note_device_work(func)
+        if completion.busy() and not collective:
+            written = schema.written(func, h_args, h_kwargs)
+            completion.check(func, [x._host for x in inners.values()], written)
+    if collective:
         _in_collective.active = True
         try:
             out = func(*h_args, **h_kwargs)
         finally:
             _in_collective.active = False
+    elif _SEEDED in func.tags:
+        with rng.drawing((made_on or devices[0]).index or 0):
+            out = func(*h_args, **h_kwargs)
     else:
         out = func(*h_args, **h_kwargs)
-    if synced or func in _SCALAR_OUT:
+    if (synced and not later) or func in _SCALAR_OUT:
         counters.count_host_sync(str(func))
+    if later:  # a non_blocking copy to the host: there when the stream is synced
+        into = args[0] if func is _aten.copy_.default else None
+        if into is not None and not into.is_pinned():  # pageable: CUDA copies now
+            counters.count_host_sync(str(func))
+            return out
+        return completion.copied_later(out, into is None)
     if leaving:
         return out
     dev = made_on or devices[0]
@@ -281,21 +288,9 @@ def _mixing_message(func: Any, a: torch.device, b: torch.device) -> str:
     return (
         "Expected all tensors to be on the same device, but found at least two "
         f"devices, {a} and {b}! [{RULE_SAME_DEVICE}: {func} got a tensor on {b}"
-        f"{_place()}; move it with .to({str(a)!r}) (or runtime.device()) first]"
+        f"{completion.place()}; move it with .to({str(a)!r}) (or runtime.device()) "
+        "first]"
     )
-
-
-def _place() -> str:
-    """' at file:line in function' of the innermost caller outside torch, this
-    package and dispatch modes (the line that made the op), or '' if none."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        outside = f"{os.sep}torch{os.sep}" not in name and _HERE not in name
-        if outside and frame.f_code.co_name != "__torch_dispatch__":  # not a mode
-            return f" at {name}:{frame.f_lineno} in {frame.f_code.co_name}"
-        frame = frame.f_back  # type: ignore[assignment]
-    return ""
 
 
 def _with_index(device: torch.device) -> torch.device:
@@ -395,7 +390,8 @@ _SIZED_FACTORIES = (
 def _host_factory(op: Any) -> Callable[..., torch.Tensor]:
     def run(*args: Any, **kw: Any) -> torch.Tensor:
         target = _factory_device(kw.pop("device", None))
-        return wrap(op(*args, **kw, device="cpu"), target)
+        with rng.drawing(target.index or 0):  # randperm draws from the device's
+            return wrap(op(*args, **kw, device="cpu"), target)
 
     return run
 

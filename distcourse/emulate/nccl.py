@@ -31,6 +31,10 @@ PrefixStore of the same store. The rules, each from NCCL's or torch's documentat
 5. A work completes, seen from the host, at enqueue (torch's docs of
    `Work.get_future`): every op is counted by `timing.note_device_work`, and the
    package's clock refuses to read while work is pending (`distcourse.emulate.timing`).
+6. An op's outputs are valid only after its `wait()` and its inputs may not change
+   before it (torch.distributed's docs of async_op and of isend): each op's outputs
+   hold poison until then, and reading them or changing its inputs raises
+   (`distcourse.emulate.completion`). A sync op is waited for by c10d at once.
 """
 
 from __future__ import annotations
@@ -45,8 +49,14 @@ import torch
 import torch.distributed as dist
 
 import distcourse.emulate as _device
-from distcourse.emulate import timing
-from distcourse.emulate.p2p import PointToPoint, describe, done, refuse_host
+from distcourse.emulate import completion, timing
+from distcourse.emulate.p2p import (
+    HeldWork,
+    PointToPoint,
+    describe,
+    done,
+    refuse_host,
+)
 
 BACKEND = "emunccl"
 _SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
@@ -62,7 +72,6 @@ def register() -> None:
     warnings.filterwarnings("ignore", "barrier\\(\\): using the device under current")
     if not hasattr(dist.Backend, BACKEND.upper()):
         dist.Backend.register_backend(BACKEND, _create, devices=[_device.DEVICE_TYPE])
-        _device.add_sync_hook(timing.host_synced)
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> EmulatedNccl:
@@ -129,12 +138,24 @@ class EmulatedNccl(PointToPoint, dist.ProcessGroup):
 
     # ------------------------------------------------------------ collectives ----
 
-    def _run(self, what: str, tensors: list[torch.Tensor], fn: Any) -> dist.Work:
-        """Count the op, run `fn` on the stream in issue order, return a done work."""
-        shapes = ", ".join(describe(t) for t in tensors[:2])
+    def _run(
+        self, what: str, outputs: list, inputs: list, fn: Any, both: list = ()
+    ) -> dist.Work:
+        """Count the op, run `fn` on the stream in issue order; return its work,
+        whose `outputs` (host tensors) hold poison until its wait (`inputs` may not
+        change before it). `both`: tensors the op reads and writes."""
+        shown = [*inputs, *outputs, *both][:2]
+        shapes = ", ".join(describe(t) for t in shown)
         timing.note_device_work(f"{what} of {shapes}", self._me)
         self._stream.submit(fn).result()
-        return done(tensors)
+        held = completion.issue(
+            completion.RULE_WAIT,
+            f"{what} of {shapes}",
+            self._me,
+            outputs=[*outputs, *both],
+            inputs=[*inputs, *both],
+        )
+        return HeldWork([held], [*outputs, *both])
 
     def _reduce_op(self, opts: Any, host: list[torch.Tensor], make: Any) -> Any:
         """Options for gloo: AVG becomes SUM; returns (options, divide-after)."""
@@ -155,37 +176,43 @@ class EmulatedNccl(PointToPoint, dist.ProcessGroup):
                 for h in host:
                     h.div_(self._size)
 
-        return self._run("all_reduce", tensors, run)
+        return self._run("all_reduce", [], [], run, both=host)
 
     def allreduce_coalesced(self, tensors: list, opts: Any) -> dist.Work:
-        for t in tensors:
-            self.allreduce([t], opts)
-        return done(tensors)
+        return HeldWork.joined([self.allreduce([t], opts) for t in tensors])
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
         host = [self._host(t) for t in tensors]
         o, avg = self._reduce_op(opts, host, dist.ReduceOptions)
+        root = self._me == opts.rootRank
 
         def run() -> None:
             self._gloo.reduce(host, o).wait()
-            if avg and self._me == opts.rootRank:
+            if avg and root:
                 host[0].div_(self._size)
 
-        return self._run("reduce", tensors, run)
+        if root:
+            return self._run("reduce", [], [], run, both=host)
+        return self._run("reduce", [], host, run)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
         host = [self._host(t) for t in tensors]
+        outputs, inputs = ([], host) if self._me == opts.rootRank else (host, [])
         return self._run(
-            "broadcast", tensors, lambda: self._gloo.broadcast(host, opts).wait()
+            "broadcast",
+            outputs,
+            inputs,
+            lambda: self._gloo.broadcast(host, opts).wait(),
         )
 
     def allgather(self, outputs: list, inputs: list, opts: Any) -> dist.Work:
         h_out = [[self._host(t) for t in out] for out in outputs]
         h_in = [self._host(t) for t in inputs]
-        flat = [t for out in outputs for t in out]
+        flat = [t for out in h_out for t in out]
         return self._run(
             "all_gather",
-            inputs + flat,
+            flat,
+            h_in,
             lambda: self._gloo.allgather(h_out, h_in, opts).wait(),
         )
 
@@ -193,19 +220,25 @@ class EmulatedNccl(PointToPoint, dist.ProcessGroup):
         ho, hi = self._host(output), self._host(input)
         return self._run(
             "all_gather_into_tensor",
-            [input, output],
+            [ho],
+            [hi],
             lambda: self._gloo._allgather_base(ho, hi, opts).wait(),
         )
 
     def allgather_into_tensor_coalesced(
         self, outputs: list, inputs: list, opts: Any
     ) -> dist.Work:
-        for o, i in zip(outputs, inputs, strict=True):
-            self.all_gather_single(o, i, opts)
-        return done(outputs)
+        return HeldWork.joined(
+            [
+                self.all_gather_single(o, i, opts)
+                for o, i in zip(outputs, inputs, strict=True)
+            ]
+        )
 
     def reduce_scatter_single(self, output: Any, input: Any, opts: Any) -> dist.Work:
-        ho, hi = self._host(output), self._host(input)
+        return self._reduce_scatter(self._host(output), self._host(input), opts)
+
+    def _reduce_scatter(self, ho: Any, hi: Any, opts: Any) -> dist.Work:
         o, avg = self._reduce_op(opts, [ho], dist.ReduceScatterOptions)
 
         def run() -> None:
@@ -213,20 +246,24 @@ class EmulatedNccl(PointToPoint, dist.ProcessGroup):
             if avg:
                 ho.div_(self._size)
 
-        return self._run("reduce_scatter_tensor", [input, output], run)
+        return self._run("reduce_scatter_tensor", [ho], [hi], run)
 
     def reduce_scatter(self, outputs: list, inputs: list, opts: Any) -> dist.Work:
+        works = []
         for out, ins in zip(outputs, inputs, strict=True):
-            whole = torch.cat([i.reshape(-1) for i in ins])
-            self.reduce_scatter_single(out.view(-1), whole, opts)
-        return done(outputs)
+            whole = torch.cat([self._host(i).reshape(-1) for i in ins])
+            works.append(self._reduce_scatter(self._host(out).view(-1), whole, opts))
+        return HeldWork.joined(works)
 
     def reduce_scatter_tensor_coalesced(
         self, outputs: list, inputs: list, opts: Any
     ) -> dist.Work:
-        for o, i in zip(outputs, inputs, strict=True):
-            self.reduce_scatter_single(o, i, opts)
-        return done(outputs)
+        return HeldWork.joined(
+            [
+                self.reduce_scatter_single(o, i, opts)
+                for o, i in zip(outputs, inputs, strict=True)
+            ]
+        )
 
     def all_to_all_single(
         self, output: Any, input: Any, out_splits: list, in_splits: list, opts: Any
@@ -234,36 +271,45 @@ class EmulatedNccl(PointToPoint, dist.ProcessGroup):
         ho, hi = self._host(output), self._host(input)
         return self._run(
             "all_to_all_single",
-            [input, output],
+            [ho],
+            [hi],
             lambda: self._gloo.alltoall_base(
                 ho, hi, out_splits, in_splits, opts
             ).wait(),
         )
 
     def alltoall(self, outputs: list, inputs: list, opts: Any) -> dist.Work:
-        whole_in = torch.cat([i.reshape(-1) for i in inputs])
-        whole_out = torch.cat([o.reshape(-1) for o in outputs])
-        sizes_in, sizes_out = [i.numel() for i in inputs], [o.numel() for o in outputs]
-        self.all_to_all_single(whole_out, whole_in, sizes_out, sizes_in, opts)
-        for o, piece in zip(outputs, whole_out.split(sizes_out), strict=True):
-            o.copy_(piece.view_as(o))
-        return done(outputs)
+        h_out = [self._host(o) for o in outputs]
+        h_in = [self._host(i) for i in inputs]
+        whole_in = torch.cat([i.reshape(-1) for i in h_in])
+        whole_out = torch.cat([o.reshape(-1) for o in h_out])
+        sizes_in, sizes_out = [i.numel() for i in h_in], [o.numel() for o in h_out]
+
+        def run() -> None:
+            self._gloo.alltoall_base(
+                whole_out, whole_in, sizes_out, sizes_in, opts
+            ).wait()
+            for o, piece in zip(h_out, whole_out.split(sizes_out), strict=True):
+                o.copy_(piece.view_as(o))
+
+        return self._run("all_to_all", h_out, h_in, run)
 
     def gather(self, outputs: list, inputs: list, opts: Any) -> dist.Work:
         h_out = [[self._host(t) for t in out] for out in outputs]
         h_in = [self._host(t) for t in inputs]
-        flat = [t for out in outputs for t in out]
+        flat = [t for out in h_out for t in out]
         return self._run(
-            "gather", inputs + flat, lambda: self._gloo.gather(h_out, h_in, opts).wait()
+            "gather", flat, h_in, lambda: self._gloo.gather(h_out, h_in, opts).wait()
         )
 
     def scatter(self, outputs: list, inputs: list, opts: Any) -> dist.Work:
         h_out = [self._host(t) for t in outputs]
         h_in = [[self._host(t) for t in ins] for ins in inputs]
-        flat = [t for ins in inputs for t in ins]
+        flat = [t for ins in h_in for t in ins]
         return self._run(
             "scatter",
-            outputs + flat,
+            h_out,
+            flat,
             lambda: self._gloo.scatter(h_out, h_in, opts).wait(),
         )
 

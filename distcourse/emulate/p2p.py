@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
@@ -24,7 +23,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 import distcourse.emulate as _device
-from distcourse.emulate import timing
+from distcourse.emulate import completion, timing
+from distcourse.emulate.works import HeldWork
 
 RULE_TAGS = "tags rule: NCCL ignores tags; messages between a pair match in issue order"
 RULE_ORDER = (
@@ -87,35 +87,6 @@ def refuse_host(t: torch.Tensor, rank: int, what: str) -> None:
         )
 
 
-class P2PWork(dist._Work):
-    """A point-to-point work: done when its unit has run on the emulated stream."""
-
-    def __init__(self, unit: Future, result: list[torch.Tensor]) -> None:
-        super().__init__()
-        self._unit = unit
-        self._result = result
-        self._fut: torch.futures.Future = torch.futures.Future()
-        unit.add_done_callback(self._finish)
-
-    def _finish(self, unit: Future) -> None:
-        error = unit.exception()
-        if error is None:
-            self._fut.set_result(self._result)
-        else:
-            self._fut.set_exception(error)
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        for work in self._unit.result():  # raises the rule's error, if any
-            work.wait()
-        return True
-
-    def is_completed(self) -> bool:
-        return self._unit.done()
-
-    def get_future(self) -> torch.futures.Future:
-        return self._fut
-
-
 class PointToPoint:
     """send/recv and coalescing for EmulatedNccl (which sets _me, _gloo, _store,
     _stream, _timeout, _sent, _received, _batch)."""
@@ -148,7 +119,16 @@ class PointToPoint:
 
     def end_coalescing(self, device: Any) -> dist.Work:
         ops, self._batch = self._batch or [], None
-        return P2PWork(self._stream.submit(self._unit, ops), [op[4] for op in ops])
+        return self._submit(ops)
+
+    def _submit(self, ops: list[tuple]) -> HeldWork:
+        """Run `ops` as one unit on the stream; its work writes the received data
+        in when waited for (completion.RULE_WAIT)."""
+        unit = self._stream.submit(self._unit, ops)
+        held = [op[5] for op in ops]
+        for pending in held:
+            pending.ready = unit.result
+        return HeldWork(held, [op[4] for op in ops], unit)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work:
         return self._issue("send", tensors, dst, tag, self._sent)
@@ -168,24 +148,38 @@ class PointToPoint:
         refuse_host(tensor, self._me, kind)
         n = counts.get(peer, 0)
         counts[peer] = n + 1
-        op = (kind, peer, n, tag, tensor)
+        what = f"{kind} of {describe(tensor)} {'to' if kind == 'send' else 'from'}"
+        host = _device.host_data(tensor)
+        if kind == "send":  # its buffer may not change before the send completes
+            held = completion.issue(
+                completion.RULE_BUFFER, f"{what} rank {peer}", self._me, inputs=[host]
+            )
+        else:  # the data land in a scratch, written in at the receive's wait()
+            held = completion.issue(
+                completion.RULE_WAIT,
+                f"{what} rank {peer}",
+                self._me,
+                outputs=[host],
+                values=[torch.empty_like(host)],
+            )
+        op = (kind, peer, n, tag, tensor, held)
         timing.note_device_work(f"{kind} of {describe(tensor)}", self._me)
         if self._batch is not None:
             self._batch.append(op)
             return done(tensors)
-        return P2PWork(self._stream.submit(self._unit, [op]), tensors)
+        return self._submit([op])
 
     def _unit(self, ops: list[tuple]) -> list:
         """Run one unit on the stream; return gloo's send works (to wait on)."""
         me, seconds = self._me, self._rule_seconds()
-        for kind, peer, n, tag, t in ops:
+        for kind, peer, n, tag, t, _ in ops:
             if kind == "recv":
                 self._store.set(f"posted/{peer}>{me}/{n}", "1")
             else:
                 self._store.set(
                     f"meta/{me}>{peer}/{n}", f"{tag}|{_count(t)}|{describe(t)}"
                 )
-        for kind, peer, n, _, t in ops:
+        for kind, peer, n, _, t, _ in ops:
             size = t.numel() * t.element_size()
             if kind == "send" and size > eager_bytes():
                 if not self._await(f"posted/{me}>{peer}/{n}"):
@@ -198,8 +192,8 @@ class PointToPoint:
                         "the receive with the send in one batch_isend_irecv."
                     )
         sends, recvs = [], []
-        for kind, peer, n, tag, t in ops:
-            host = _device.host_data(t)
+        for kind, peer, n, tag, t, held in ops:
+            host = held.values[0] if held.outputs else _device.host_data(t)
             if kind == "send" and host.numel() * host.element_size() <= eager_bytes():
                 # eager: the data leave in NCCL's buffer, the send completes now
                 # (gloo's would wait for the receive: the work is kept, not waited)

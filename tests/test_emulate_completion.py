@@ -1,0 +1,135 @@
+"""Work the host reads before it is done (distcourse/emulate/completion.py), planted
+on real emulated ranks: each fault ends within 30 s in an error that names its rule,
+the rank and the line, and the same program done right passes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distcourse import emulate, runtime
+from distcourse.emulate import completion
+from distcourse.launch import spawn
+from distcourse.runtime import RankError
+
+LIMIT = 30.0  # seconds a planted fault may take to end
+
+
+def _all_reduce(right: bool) -> list[float]:
+    x = torch.full((4,), float(dist.get_rank() + 1), device=runtime.device())
+    work = dist.all_reduce(x, async_op=True)
+    if right:
+        work.wait()
+    total = x * 2  # read: on a GPU, before wait() this reads whatever x held
+    work.wait()
+    return total.cpu().tolist()
+
+
+def _isend(right: bool) -> list[float]:
+    x = torch.full((4,), float(dist.get_rank()), device=runtime.device())
+    peer = 1 - dist.get_rank()
+    into = torch.empty(4, device=runtime.device())
+    send, recv = dist.isend(x, peer), dist.irecv(into, peer)
+    if right:
+        send.wait()
+    x.add_(10.0)  # changes the buffer: before the send's wait, undefined on NCCL
+    send.wait()
+    recv.wait()
+    return into.cpu().tolist()
+
+
+def _irecv_read(right: bool) -> list[float]:
+    x = torch.full((4,), float(dist.get_rank()), device=runtime.device())
+    peer = 1 - dist.get_rank()
+    into = torch.empty(4, device=runtime.device())
+    works = dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, into, peer)]
+    )
+    if right:
+        for w in works:
+            w.wait()
+    seen = (into + 0).cpu().tolist()
+    for w in works:
+        w.wait()
+    return seen
+
+
+def _copy_to_host(right: bool) -> list[float]:
+    x = torch.arange(4.0, device=runtime.device()) + 1
+    y = x * 3
+    host = y.to("cpu", non_blocking=True)
+    if right:
+        torch.get_device_module(runtime.device()).synchronize()
+    return host.tolist()
+
+
+PROGRAMS = {  # name: (program, rule, the line's text that breaks it)
+    "async all_reduce read before wait()": (
+        _all_reduce,
+        completion.RULE_WAIT,
+        "_all_reduce",
+    ),
+    "isend buffer changed before its wait": (_isend, completion.RULE_BUFFER, "_isend"),
+    "irecv buffer read before its wait": (
+        _irecv_read,
+        completion.RULE_WAIT,
+        "_irecv_read",
+    ),
+    "non-blocking copy read before a synchronize": (
+        _copy_to_host,
+        completion.RULE_COPY,
+        "_copy_to_host",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_planted_fault_ends_naming_the_rule_and_done_right_passes(name: str) -> None:
+    program, rule, where = PROGRAMS[name]
+    start = time.monotonic()
+    with pytest.raises(RankError) as failure:
+        spawn(program, 2, False, backend="emulated", timeout=LIMIT)
+    assert time.monotonic() - start <= LIMIT
+    message = str(failure.value)
+    assert rule in message and ("rank 0" in message or "rank 1" in message), message
+    assert f"in {where}" in message, message
+    results = spawn(program, 2, True, backend="emulated", timeout=LIMIT)
+    assert all(r and all(v == v for v in r) for r in results), results  # no NaN
+
+
+def test_results_held_back_are_poison_until_the_wait() -> None:
+    """Read from the host data (as a GPU kernel reading the buffer would see it):
+    NaN for floats, the lowest value for integers, until the op completes."""
+    emulate.setup()
+    gpu = torch.device(emulate.DEVICE_TYPE, 0)
+    floats, ints = (
+        torch.ones(3, device=gpu),
+        torch.ones(3, dtype=torch.int64, device=gpu),
+    )
+    held = completion.issue(
+        completion.RULE_WAIT,
+        "test op",
+        0,
+        outputs=[emulate.host_data(floats), emulate.host_data(ints)],
+    )
+    assert emulate.host_data(floats).isnan().all()
+    assert (emulate.host_data(ints) == torch.iinfo(torch.int64).min).all()
+    with pytest.raises(completion.CompletionRuleError, match="completion rule"):
+        floats.sum()
+    completion.complete(held)
+    assert floats.sum().item() == 3.0 and ints.sum().item() == 3
+    assert not completion.busy()
+
+
+def test_a_device_synchronize_completes_everything() -> None:
+    emulate.setup()
+    gpu = torch.device(emulate.DEVICE_TYPE, 0)
+    x = torch.ones(3, device=gpu)
+    completion.issue(completion.RULE_WAIT, "test op", 0, outputs=[emulate.host_data(x)])
+    host = torch.ones(2, device=gpu).to("cpu", non_blocking=True)
+    torch.get_device_module(gpu).synchronize()
+    assert x.sum().item() == 3.0 and host.tolist() == [1.0, 1.0]
+    assert not completion.busy()
