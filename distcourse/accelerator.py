@@ -25,7 +25,9 @@ GPU_TYPES = (CUDA, emulate.DEVICE_TYPE)
 
 
 def _type(device: torch.device | str) -> str:
-    return torch.device(device).type
+    """The device's type; a string is read as written ("gpu:1" names the emulated
+    type even before the emulation has registered it with torch)."""
+    return device.type if isinstance(device, torch.device) else device.split(":")[0]
 
 
 def is_gpu(device: torch.device | str) -> bool:
@@ -71,15 +73,14 @@ def set_rng_state(state: torch.Tensor | None, device: torch.device | str) -> Non
 
 
 def local_gpus(count: int, preference: str | None) -> list[torch.device]:
-    """`count` GPUs of this process to place modules on (chapter 4's two-device
-    model), or [] where there are fewer: CUDA's, or emulated ones when
-    `preference` (runtime.device_preference()) is "emulated"."""
-    if preference == "emulated":
-        emulate.setup()
-        gpus = torch.get_device_module(emulate.DEVICE_TYPE)
-        if gpus.device_count() < count:
-            gpus.set_device_count(count)
-        return [torch.device(emulate.DEVICE_TYPE, i) for i in range(count)]
+    """`count` CUDA GPUs of this process to place modules on (chapter 4's
+    two-device model), or [] where there are fewer or `preference`
+    (runtime.device_preference()) asks for another device.
+
+    The emulated box gives none: one process driving two emulated GPUs through one
+    backward aborts in torch's autograd engine (its Python device guard knows a
+    single device, `emulate.device.DeviceTensor.device`), so that cell takes its
+    one-device arm there, and only a box with two GPUs runs it."""
     if preference in (None, CUDA) and torch.cuda.is_available():
         if torch.cuda.device_count() >= count:
             return [torch.device(CUDA, i) for i in range(count)]

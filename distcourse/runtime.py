@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from distcourse import emulate
+from distcourse import accelerator, emulate
 from distcourse.emulate import nccl, p2p
 from distcourse.rendezvous import (
     LOOPBACK,
@@ -195,12 +195,12 @@ def _join(
     **rendezvous: Any,
 ) -> None:
     """Bind this rank to its device and create the default group (init's last step)."""
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    if accelerator.is_gpu(device):  # CUDA's or the emulated GPU: one path
+        accelerator.module(device).set_device(device)
     if device.type == emulate.DEVICE_TYPE:
         nccl.register()
-    if threads and device.type != "cuda":  # CPU and emulated ranks share the cores
-        torch.set_num_threads(threads)
+    if threads and not accelerator.is_cuda(device):  # CPU and emulated ranks
+        torch.set_num_threads(threads)  # share the host's cores
     previous = dist.get_debug_level()
     if debug:  # the level is read when the group is created; restored after
         dist.set_debug_level(dist.DebugLevel.DETAIL)
@@ -208,7 +208,8 @@ def _join(
         dist.init_process_group(
             backend,
             timeout=as_timedelta(timeout),
-            device_id=device if device.type == "cuda" else None,
+            # binds NCCL to the GPU; the emulated group is Python and binds none
+            device_id=device if accelerator.is_cuda(device) else None,
             **rendezvous,
         )
         # gloo's init returns on a rank once *its* connections are up; a rank that

@@ -11,7 +11,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from distcourse import runtime
+from distcourse import accelerator, runtime
 from distcourse.examples import datasets, models, train
 from distcourse.parallel import replicas
 from distcourse.parallel.ddp import DDP
@@ -29,7 +29,7 @@ model = models.digits_mlp().to(info.device)
 if args.impl == "ours":
     net = DDP(model, bucket_cap_mb=args.bucket_mb)
 else:
-    ids = [info.device.index] if info.device.type == "cuda" else None
+    ids = accelerator.ddp_device_ids(info.device)  # [its index] on a GPU, else None
     net = DistributedDataParallel(model, device_ids=ids)
 
 train_set, test_set = datasets.digits(train=True), datasets.digits(train=False)

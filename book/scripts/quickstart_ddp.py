@@ -9,7 +9,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from distcourse import runtime
+from distcourse import accelerator, runtime
 from distcourse.examples import datasets, models, train
 
 parser = argparse.ArgumentParser()
@@ -20,7 +20,7 @@ args = parser.parse_args()
 info = runtime.init_from_env()
 runtime.seed_everything(0, per_rank=False)  # identical initial weights on every rank
 model = models.digits_mlp().to(info.device)
-ddp = DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
+ddp = DDP(model, device_ids=accelerator.ddp_device_ids(info.device))  # [i] on a GPU
 
 train_set, test_set = datasets.digits(train=True), datasets.digits(train=False)
 sampler = DistributedSampler(train_set, info.world_size, info.rank, seed=0)

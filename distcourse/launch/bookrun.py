@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     device = runtime.device_preference() or "cuda"
     os.environ[runtime.DEVICE_VARIABLE] = device  # kernels and engines inherit it
     gpus = runtime.gpu_count()
-    if device == "cuda" and not gpus:
+    if device not in ("cpu", runtime.EMULATED) and not gpus:  # cuda, and no GPU
         print(
             "DISTCOURSE_DEVICE=cuda needs a GPU and none is visible here. The same "
             "run on emulated GPUs: DISTCOURSE_DEVICE=emulated make test-gpu (what "

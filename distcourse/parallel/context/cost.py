@@ -48,12 +48,12 @@ rank computes 4cp.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from distcourse import accelerator, sdpa
 from distcourse.comm.p2p import HEADER_LEN
 from distcourse.parallel.context.split import chunk_ids
 
@@ -103,25 +103,30 @@ def saved_bytes_formula(
 def full_attention_formula(
     batch: int, heads: int, seq: int, head_dim: int, device_type: str = "cpu"
 ) -> int:
-    """Bytes PyTorch's fused attention (`F.scaled_dot_product_attention`, fp32)
-    keeps for backward on one process, for the whole sequence: q, k, v, out, and
+    """Bytes PyTorch's attention (`F.scaled_dot_product_attention`, fp32, causal)
+    keeps for backward on one process, for the whole sequence, on a device of
+    `device_type`: q, k, v, out, and what the kernel torch runs there keeps
+    (`distcourse.sdpa`, the one place the choice is written):
 
     - on the CPU (`_scaled_dot_product_flash_attention_for_cpu`): one log-sum-exp
       per head and token, measured by the tests and the chapter;
-    - on CUDA, the memory-efficient kernel (FlashAttention and cuDNN's take only
-      fp16 and bf16: pytorch/pytorch aten/src/ATen/native/transformers/cuda/
-      sdp_utils.cpp, `check_dtypes_low_precision`; the memory-efficient kernel
-      takes fp32 on sm80 and later): its log-sum-exp, float32, padded to a multiple
-      of 32 tokens, and its
-      random-number state, a seed and an offset (two int64). Torch's own shape
-      function says so (`meta__scaled_dot_product_efficient_attention` in
-      torch/_meta_registrations.py, torch 2.14.1: `logsumexp_dim = math.ceil(M /
-      32) * 32`, then 0-d long `seed` and `offset`); not measured here (no GPU).
+    - on a GPU (CUDA's, or the emulated one, which chooses as CUDA does): fp32 runs
+      the memory-efficient kernel where the head size divides by 4 (FlashAttention
+      and cuDNN's take only fp16 and bf16): its log-sum-exp, float32, padded to a
+      multiple of 32 tokens, and its random-number state, a seed and an offset
+      (two int64), as torch's shape function says; a smaller head size runs the
+      math path, which keeps the s x s scores and no output of its own.
     """
-    values = 4 * batch * heads * seq * head_dim * 4  # q, k, v, out
-    if device_type == "cuda":
-        return values + batch * heads * math.ceil(seq / 32) * 32 * 4 + 2 * 8
-    return values + batch * heads * seq * 4
+    kernel = sdpa.choose_kernel(
+        accelerator.kernel_type(device_type),
+        torch.float32,
+        head_dim,
+        causal=True,
+        enabled=frozenset(sdpa.KERNELS),
+    )
+    kept = sdpa.saved_bytes(kernel, batch, heads, seq, head_dim, torch.float32)
+    tensors = 3 if kernel == "math" else 4  # q, k, v (and out, for a fused kernel)
+    return tensors * batch * heads * seq * head_dim * 4 + sum(kept.values())
 
 
 def saved_bytes(fn: Callable[..., Tensor], *args: Tensor) -> int:
