@@ -33,7 +33,9 @@ documentation say:
   of the program's own (`copy_(..., non_blocking=True)`) holds poison until then.
 
 Only ops that read data are checked (views and size queries are not), and c10d's own
-ops may be given pending buffers (NCCL orders its ops on its stream).
+ops may be given pending buffers (NCCL orders its ops on its stream). The copies this
+module makes are the emulation's, not the program's: dispatch modes (a trace, a
+memory meter) do not see them.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 RULE_WAIT = (
     "completion rule: an async op's output is valid only after its wait() (or a "
@@ -148,7 +151,11 @@ def issue(
     """Hold `outputs` (host tensors) back until `complete`: their values now (or
     `values`, filled by `ready()`) are kept aside and they hold poison; `inputs`
     may not change until then."""
-    outputs = list(outputs)
+    with _disable_current_modes():
+        return _issue(rule, what, rank, list(outputs), inputs, values, ready)
+
+
+def _issue(rule, what, rank, outputs, inputs, values, ready) -> Pending:  # type: ignore[no-untyped-def]
     values = [t.clone() for t in outputs] if values is None else values
     kept = [i for i, t in enumerate(outputs) if _key(t) is not None]
     outputs, values = [outputs[i] for i in kept], [values[i] for i in kept]
@@ -170,8 +177,9 @@ def issue(
 def copy_issued(host: torch.Tensor, value: torch.Tensor) -> Pending:
     """A non-blocking device-to-host copy of `value` into `host` (poisoned now)."""
     pending = issue(RULE_COPY, f"copy to the host of {tuple(value.shape)}", None)
-    pending.outputs, pending.values = [host], [value.clone()]
-    poison(host)
+    with _disable_current_modes():
+        pending.outputs, pending.values = [host], [value.clone()]
+        poison(host)
     with _lock:
         _copies[_key(host)] = pending  # type: ignore[index]
     return pending
@@ -191,7 +199,7 @@ def complete(pending: Pending) -> None:
         return
     if pending.ready is not None:
         pending.ready()
-    with _lock:
+    with _lock, _disable_current_modes():
         if pending.done:
             return
         for out, value in zip(pending.outputs, pending.values, strict=True):

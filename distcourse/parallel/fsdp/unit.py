@@ -205,8 +205,9 @@ class Unit:
             return
         with torch.no_grad():
             mine = self._segment().to(self.param_dtype)
-            out = torch.empty(self.world * self.width, dtype=self.param_dtype)
-            out = out.to(self.device)
+            out = torch.empty(  # on the device: no host buffer copied over
+                self.world * self.width, dtype=self.param_dtype, device=self.device
+            )
             launched = self.clock.stamp()
             work = torchcompat.all_gather_tensor(out, mine, self.group, async_op=True)
         versions = [p._version for p in self.sharded]
@@ -225,8 +226,9 @@ class Unit:
         their own dtype: a state dict's values, not the compute dtype's)."""
         with torch.no_grad():
             mine = self._segment()
-            out = torch.empty(self.world * self.width, dtype=self.dtype)
-            out = out.to(self.device)
+            out = torch.empty(
+                self.world * self.width, dtype=self.dtype, device=self.device
+            )
             torchcompat.all_gather_tensor(out, mine, self.group)
         return out.view(self.world, self.width)
 
@@ -292,8 +294,9 @@ class Unit:
         """Average the full gradients into the pieces: one reduce-scatter (in
         `reduce_dtype`), and under HSDP one all-reduce over the replicas."""
         with torch.no_grad():
-            row = torch.zeros(self.world, self.width, dtype=self.reduce_dtype)
-            row = row.to(self.device)
+            row = torch.zeros(
+                self.world, self.width, dtype=self.reduce_dtype, device=self.device
+            )
             for piece, leaf in zip(self.pieces, self.full, strict=True):
                 if leaf.grad is not None:
                     at = slice(piece.offset, piece.offset + piece.padded)
