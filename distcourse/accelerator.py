@@ -51,6 +51,12 @@ def kernel_type(device: torch.device | str) -> str:
     return CUDA if is_gpu(device) else _type(device)
 
 
+def dispatch_key(device: torch.device | str) -> str:
+    """The dispatch key whose kernels compute on `device`: "CUDA" on a CUDA GPU,
+    "CPU" on the CPU and on the emulated GPU (its kernels are the host's)."""
+    return "CUDA" if is_cuda(device) else "CPU"
+
+
 def ddp_device_ids(device: torch.device | str) -> list[int] | None:
     """torch DDP's `device_ids` for a module on `device`: [its index] on a GPU (one
     device per process), None on the CPU (DDP's documented values)."""

@@ -136,3 +136,51 @@ def test_the_formula_counts_rows_from_the_routing() -> None:
     assert cost.dropless_buffers(16, 16, 8, 4, 4) == 2 * (2 * 16 * 4) * 16 * 4
     capped = cost.memory_per_rank(16, 16, 8, 2, 1.25, 4)["buffers"]
     assert capped == 2 * (5 * 4 * 2) * 16 * 4  # capacity 5 x 4 groups x 2 experts
+
+
+def test_the_grouped_matmul_runs_on_an_accelerator() -> None:
+    """On the emulated GPU the grouped path runs (torch's kernel, no host sync for
+    the blocks' sizes); a width it refuses takes the loop, which syncs once."""
+    from distcourse import emulate
+
+    emulate.setup()
+    gpu = torch.device(emulate.DEVICE_TYPE, 0)
+    torch.manual_seed(0)
+    x, w = torch.randn(10, 16).to(gpu), torch.randn(3, 16, 32).to(gpu)
+    offs = torch.tensor([3, 3, 10], dtype=torch.int32).to(gpu)
+    before = emulate.host_syncs()
+    got = experts.grouped_mm(x, w, offs)
+    assert emulate.host_syncs() == before  # grouped: no sizes read on the host
+    want = torch.cat([x[:3] @ w[0], x[3:] @ w[2]])
+    assert torch.allclose(got.cpu(), want.cpu(), atol=1e-6)
+    odd = torch.randn(10, 5).to(gpu), torch.randn(3, 5, 7).to(gpu)
+    experts.grouped_mm(*odd, offs)
+    assert emulate.host_syncs() > before  # the loop: offs.tolist() waits
+
+
+def _biases(dp_wide: bool) -> list[float]:
+    """dp x ep = 2 x 2: each rank routes its own tokens; the bias after a balance,
+    the load summed over all four ranks (dp_wide) or over the ep pair only."""
+    from distcourse.mesh import Mesh
+
+    mesh = Mesh((2, 2), ("dp", "ep"))
+    torch.manual_seed(0)
+    moe = experts.DroplessMoE(16, 4, top_k=1, score="sigmoid", balance_rate=0.1)
+    wide = dist.group.WORLD if dp_wide else None
+    experts.shard_dropless(moe, mesh.group("ep"), data_parallel=wide)
+    torch.manual_seed(1 + mesh.coordinate["dp"])  # each replica its own data
+    x = torch.randn(8, 16) + 2.0 * mesh.coordinate["dp"]
+    with torch.no_grad():
+        moe(x[mesh.coordinate["ep"] * 4 :][:4])
+    moe.balance()
+    return moe.bias.tolist()
+
+
+def test_the_bias_balance_reduces_over_the_data_parallel_mesh() -> None:
+    """torchtitan sums the tokens per expert over the whole data-parallel mesh, so
+    every replica keeps one bias; over the ep group alone (the control) the two dp
+    replicas' biases part."""
+    wide = spawn(_biases, 4, True, timeout=60)
+    assert all(b == wide[0] for b in wide), wide
+    narrow = spawn(_biases, 4, False, timeout=60)
+    assert narrow[0] == narrow[1] and narrow[0] != narrow[2], narrow

@@ -21,9 +21,11 @@ the gate weights are the scores of the chosen experts, never the bias (Wang et
 al. 2024, "Auxiliary-Loss-Free Load Balancing", arXiv 2408.15664): the bias only
 decides who is chosen. After each step the bias moves towards the experts that
 got fewer than the mean load, `rate * sign(mean - load)` centred, torchtitan's
-`load_balance_coeff` update. The load is the whole group's (all-reduced), so
-every rank holds the same bias. Shared experts (DeepSeek-MoE, arXiv 2401.06066)
-see every token: one SwiGLU `n_shared` times as wide, added to the routed output.
+`load_balance_coeff` update. The load is summed over every rank that routes
+tokens of its own (all-reduced: the ep group, or under dp x ep the whole
+data-parallel mesh, as torchtitan reduces it), so every rank holds the same bias.
+Shared experts (DeepSeek-MoE, arXiv 2401.06066) see every token: one SwiGLU
+`n_shared` times as wide, added to the routed output.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from distcourse import accelerator
 from distcourse.arguments import positive_int
 from distcourse.comm.agree import agree_tensors
 from distcourse.parallel.experts.dispatch import (
@@ -50,10 +53,17 @@ GroupedMM = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 def _grouped_runs(x: Tensor, w: Tensor) -> bool:
-    """Whether torch's grouped matmul takes these operands: it exists, on the CPU
-    for float32 and 16-bit floats with rows a multiple of 16 bytes (checked on
-    torch 2.14.1; float64 and odd widths raise). Elsewhere: the loop."""
-    if not hasattr(torch, "_grouped_mm") or x.device.type != "cpu":
+    """Whether torch's grouped matmul takes these operands on their device: torch
+    has a `_grouped_mm` kernel there (CUDA's own in torch 2.14, the composite one
+    elsewhere; the emulated GPU runs the host's), and the inputs pass the checks
+    every device makes (GroupedMMUtils.h `_grouped_mm_validate_inputs`): float32,
+    bfloat16 or float16, rows a multiple of 16 bytes (float64 and odd widths
+    raise). Elsewhere: the loop over the blocks, with a host sync for their sizes."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    key = accelerator.dispatch_key(x.device)  # a kernel of its own or torch's
+    has = torch._C._dispatch_has_computed_kernel_for_dispatch_key  # composite one
+    if not has("aten::_grouped_mm", key):
         return False
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return False
@@ -133,6 +143,7 @@ class DroplessMoE(nn.Module):
         self.shared = SwiGLU(n_embd, h * n_shared) if n_shared else None
         self.register_buffer("bias", torch.zeros(n_experts))
         self.first, self.group = 0, None  # global index of w1[0]; ep group
+        self.load_group: Group = None  # every rank of other tokens (dp x ep)
         self.load = torch.zeros(n_experts, dtype=torch.long)
         self.traffic: Traffic | None = None
         self.matmul: GroupedMM = grouped_mm
@@ -202,21 +213,29 @@ class DroplessMoE(nn.Module):
 
     @torch.no_grad()
     def balance(self) -> None:
-        """After a step: the group's load (one all-reduce of E int64), then the
-        bias; every rank of the group updates the same bias. No-op at rate 0."""
+        """After a step: the load of every rank that routed other tokens (one
+        all-reduce of E int64 over `load_group`: the whole data-parallel mesh under
+        dp x ep, as torchtitan reduces its tokens per expert; else the ep group),
+        then the bias; every such rank updates the same bias. No-op at rate 0."""
         if not self.balance_rate:
             return
         load = self.load.clone()
-        if self.group is not None:
-            dist.all_reduce(load, group=self.group)
+        group = self.load_group if self.load_group is not None else self.group
+        if group is not None:
+            dist.all_reduce(load, group=group)
         self.update_bias(load)
 
 
-def shard_dropless(moe: DroplessMoE, group: Group = None) -> DroplessMoE:
+def shard_dropless(
+    moe: DroplessMoE, group: Group = None, *, data_parallel: Group = None
+) -> DroplessMoE:
     """Keep this rank's E / ep experts (a contiguous block of w1, w3, w2) and route
-    over `group` (None: the world). Checked before any message, alike on every
-    rank (`agree_tensors`): not sharded yet, E divisible by the group's size, the
-    same configuration and parameter shapes. Returns `moe`, changed in place."""
+    over `group` (None: the world). `data_parallel`: the group of every rank that
+    routes tokens of its own (under dp x ep, all dp x ep ranks), over which
+    `balance` sums the load so the bias stays one across replicas (default: `group`).
+    Checked before any message, alike on every rank (`agree_tensors`): not sharded
+    yet, E divisible by the group's size, the same configuration and parameter
+    shapes. Returns `moe`, changed in place."""
     n = dist.get_world_size(group)
 
     def fits() -> None:
@@ -242,4 +261,5 @@ def shard_dropless(moe: DroplessMoE, group: Group = None) -> DroplessMoE:
         block = getattr(moe, name)[moe.first : moe.first + local]
         setattr(moe, name, nn.Parameter(block.detach().clone()))
     moe.group = dist.group.WORLD if group is None else group
+    moe.load_group = data_parallel
     return moe
