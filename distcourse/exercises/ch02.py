@@ -52,7 +52,10 @@ def ring_all_reduce_probe(answer: object) -> Problem:
         out = call(answer, mine)
     used = _collectives(ledger)
     if used:
-        return f"it calls {', '.join(used)}: build it from send/recv (isend/irecv)"
+        return (
+            f"it calls {', '.join(used)}: build it from point-to-point messages "
+            "(dist.batch_isend_irecv)"
+        )
     if out is None:
         out = mine  # in place, like dist.all_reduce
     return compare(out, total, "the result")
@@ -67,7 +70,8 @@ def check_ring_all_reduce(answer: object) -> bool:
         4,
         hint="cut the tensor into n chunks (torch.tensor_split); n-1 steps pass chunk "
         "(rank - s) % n to rank + 1 and add the one received (reduce-scatter), n-1 "
-        "more pass the finished chunks on (all-gather); post isend and irecv together",
+        "more pass the finished chunks on (all-gather); post each step's send and "
+        "receive as one dist.batch_isend_irecv (separate calls deadlock on NCCL)",
     )
 
 

@@ -7,11 +7,15 @@ import torch.distributed as dist
 
 
 def _exchange(send: torch.Tensor, recv: torch.Tensor) -> None:
-    """Send to the next rank and receive from the previous one, both at once."""
+    """Send to the next rank and receive from the previous one, as one batch: NCCL
+    runs separate calls in issue order, and a large isend before its irecv deadlocks."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    ops = [dist.isend(send, (rank + 1) % n), dist.irecv(recv, (rank - 1) % n)]
-    for op in ops:
-        op.wait()
+    ops = [
+        dist.P2POp(dist.isend, send, (rank + 1) % n),
+        dist.P2POp(dist.irecv, recv, (rank - 1) % n),
+    ]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
 
 
 def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
