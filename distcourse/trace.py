@@ -1,9 +1,15 @@
 """Timed events on one rank: what a step did and when, for timelines and checks.
 
 DDP records its forward, backward, bucket all-reduces and final wait; a pipeline
-schedule will record each micro-batch's forward and backward. Both are drawn by
+schedule records each micro-batch's forward and backward. Both are drawn by
 `viz.timeline` and measured with the helpers here, so no strategy imports another to
 share them.
+
+Device work is timed on the device: `Spans` takes a clock with `stamp()` and
+`time(stamp)` (`clock.DeviceTimer`: CUDA events on a GPU, a synchronize before the
+host clock elsewhere) and reads its stamps once, when the events are asked for, so
+a step does not wait for the device between its actions. `span` reads the host
+clock: for host work only.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -27,9 +34,50 @@ class Event:
         return self.end - self.start
 
 
+class Clock(Protocol):
+    """What `Spans` needs of a clock (clock.DeviceTimer has it)."""
+
+    def stamp(self) -> Any: ...
+
+    def time(self, stamp: Any) -> float: ...
+
+
+class Spans:
+    """Named spans of device work on one rank, stamped on `clock` and turned into
+    Events (seconds on one axis, comparable across the processes of a machine)
+    only when `events()` is called: on a GPU the stamps are events on the stream,
+    read after one synchronize, so recording them costs the step no waiting."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.marks: list[tuple[str, Any, Any]] = []
+        self.read: list[Event] | None = None
+
+    @contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        """Stamp the start and the end of the `with` block's device work."""
+        start = self.clock.stamp()
+        try:
+            yield
+        finally:
+            self.marks.append((name, start, self.clock.stamp()))
+            self.read = None
+
+    def events(self) -> list[Event]:
+        """The spans so far, as Events (read once, then kept until the next span)."""
+        if self.read is None:
+            t = self.clock.time
+            self.read = [Event(n, t(a), t(b)) for n, a, b in self.marks]
+        return self.read
+
+    def clear(self) -> None:
+        self.marks, self.read = [], None
+
+
 @contextmanager
 def span(events: list[Event], name: str) -> Iterator[None]:
-    """Append an Event named `name` covering the body of the `with` block."""
+    """Append an Event named `name` covering the body of the `with` block, on the
+    host clock: for host work (device work: `Spans`)."""
     start = time.perf_counter()
     try:
         yield

@@ -6,7 +6,15 @@ import time
 
 import pytest
 
-from distcourse.trace import Event, as_events, covered, hidden_fraction, overlap, span
+from distcourse.trace import (
+    Event,
+    Spans,
+    as_events,
+    covered,
+    hidden_fraction,
+    overlap,
+    span,
+)
 
 
 def test_span_records_the_block_even_when_it_raises() -> None:
@@ -58,3 +66,39 @@ def test_hidden_fraction_counts_only_what_completed_inside_backward() -> None:
     assert hidden_fraction([("backward", 0.0, 1.0)]) == 0.0
     with pytest.raises(ValueError, match="'backward'"):
         hidden_fraction([("all_reduce 0", 0.0, 1.0)])
+
+
+class _DeviceLike:
+    """A clock whose stamps are opaque marks, read only by `time` (as CUDA events
+    are read after a synchronize): counts both, so the test sees when reading
+    happens."""
+
+    def __init__(self) -> None:
+        self.now, self.stamps, self.reads = 0.0, 0, 0
+
+    def stamp(self) -> object:
+        self.stamps += 1
+        self.now += 1.0
+        return ("mark", self.now)
+
+    def time(self, stamp: object) -> float:
+        self.reads += 1
+        return stamp[1]  # type: ignore[index]
+
+
+def test_spans_stamp_the_device_and_read_it_only_when_asked() -> None:
+    clock = _DeviceLike()
+    spans = Spans(clock)
+    with spans.span("F 0 0"):
+        pass
+    try:
+        with spans.span("B 0 0"):
+            raise KeyError("x")
+    except KeyError:
+        pass
+    assert (clock.stamps, clock.reads) == (4, 0)  # no read during the step
+    got = spans.events()
+    assert got == [Event("F 0 0", 1.0, 2.0), Event("B 0 0", 3.0, 4.0)]
+    assert spans.events() is got and clock.reads == 4  # read once, then kept
+    spans.clear()
+    assert spans.events() == []

@@ -12,8 +12,10 @@ Dividing each micro-batch's mean loss by m makes the gradients those of the whol
 batch's mean loss, so the result equals one process on the whole batch. Every step
 first checks, on every rank and before any send, that the batch splits into m
 micro-batches and that each stage's output fits the next stage's input. Each
-action's compute is an Event (trace), and the bytes of activations each micro-batch
-saves for backward are counted, so memory is measured, not assumed.
+action's compute is an Event (trace), timed on the device (clock.DeviceTimer: CUDA
+events on a GPU, read after the step, so the timing adds no synchronize between
+actions), and the bytes of activations each micro-batch saves for backward are
+counted, so memory is measured, not assumed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from distcourse import runtime, trace
+from distcourse.clock import DeviceTimer
 from distcourse.comm.agree import Group, members
 from distcourse.parallel.pipeline import schedules, zero_bubble
 from distcourse.parallel.pipeline.batch import BatchCheck
@@ -102,7 +105,7 @@ class Pipeline:
             if g.rank in (a, b)
         }
         self.group = g.group
-        self.events: list[trace.Event] = []
+        self.spans = trace.Spans(DeviceTimer())  # this rank's device
         self.meter = ActivationMeter(self.local.values())
         self.shapes: dict[tuple, list[Shape]] = {}
         self.later: dict[tuple[int, int], Callable[[], None]] = {}  # B's W
@@ -150,7 +153,7 @@ class Pipeline:
         m = self.schedule.micro_batches
         xs = None if x is None else x.chunk(m)
         ys = None if target is None else target.chunk(m)
-        self.events = []  # this step's only
+        self.spans.clear()  # this step's only
         self.meter.reset()
         held: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # inputs, outputs
         losses: list[Tensor] = []
@@ -225,7 +228,7 @@ class Pipeline:
             link = ("F", self.rank_of(s - 1), self.rank)
             inp = self.links.recv(link, self.now[s])
             inp.requires_grad_(inp.is_floating_point())
-        with trace.span(self.events, f"F {s} {j}"), self.meter.saving((s, j)):
+        with self.spans.span(f"F {s} {j}"), self.meter.saving((s, j)):
             out = self.local[s](inp)
             if s == last:
                 out = self.loss_fn(out, ys[j]) / self.schedule.micro_batches
@@ -245,7 +248,7 @@ class Pipeline:
         if s < last:
             link = ("B", self.rank_of(s + 1), self.rank)
             grad = self.links.recv(link, (out.shape, out.dtype))
-        with trace.span(self.events, f"B {s} {j}"):
+        with self.spans.span(f"B {s} {j}"):
             if self.schedule.split:  # the input's gradient now, the weights' in W
                 params = list(self.local[s].parameters())
                 self.later[(s, j)] = zero_bubble.backward_input(out, grad, inp, params)
@@ -261,9 +264,14 @@ class Pipeline:
     def _weight(self, a) -> None:
         """W: the weights' gradients that B left; the micro-batch's graph is freed."""
         weight = self.later.pop((a.stage, a.micro))
-        with trace.span(self.events, f"W {a.stage} {a.micro}"):
+        with self.spans.span(f"W {a.stage} {a.micro}"):
             weight()
         self.meter.release((a.stage, a.micro))
+
+    @property
+    def events(self) -> list[trace.Event]:
+        """The last step's actions as Events, in device time (read on first use)."""
+        return self.spans.events()
 
     def close(self) -> None:
         """Stop the sender threads."""

@@ -7,8 +7,9 @@ step is what a schedule costs in activations: GPipe holds all m micro-batches,
 1F1B at most p on the first rank.
 
 Bubble: of the p ranks' time between the first action's start and the last one's
-end, the share no action was computing. Events are time.perf_counter() spans, one
-clock for all processes of one machine.
+end, the share no action was computing. Events are device-time spans placed on the
+host's time.perf_counter() axis (clock.DeviceTimer.time), one clock for all
+processes of one machine.
 
 Ideal step: a stage's forward and backward timed alone on one micro-batch
 (`stage_times`), put into the schedule on paper with free transfers
