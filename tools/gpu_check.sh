@@ -15,6 +15,13 @@
 #   gpu-suite pytest tests/gpu: every strategy on the GPUs against one process, at
 #             every world size of 1, 2, 4, 8 up to the GPU count (one GPU a rank)
 #   book      make test-gpu: every chapter that fits the GPUs here, on NCCL ranks
+#   traces    the GPU suite again at world size 1, each rank recording what it
+#             dispatched and sent (distcourse.emulate.recorder), into $TRACES/gpu-suite
+#   programs  tools/record_traces.py: TinyGPT under bf16 autocast (one process) and
+#             chapter 1's DDP program (book/scripts/quickstart_ddp.py's training, one
+#             NCCL rank), recorded into $TRACES; TRACES defaults to
+#             tests/data/gpu_traces/<date>-<gpu>: commit that folder, and
+#             tests/test_emulate_recorder.py diffs the emulated box against it
 #   unit      (GPU_CHECK_UNIT=1 only) the CPU unit tests on this torch, 8 at a time
 # (Without a GPU, `make test-gpu` runs both on an emulated GPU box instead.)
 set -uo pipefail
@@ -58,6 +65,13 @@ step gpu-suite env DISTCOURSE_GPU_SUITE_DEVICE=cuda "$PYTHON" -m pytest tests/gp
     -p no:cacheprovider
 step book env DISTCOURSE_DEVICE=cuda "$PYTHON" -m distcourse.launch.bookrun \
     --out "$OUT/bookrun" --timeout 180
+# Traces of this GPU for the emulated box to be held to (tests/data/gpu_traces/).
+gpu=$("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name(0).split()[-1].lower()
+      if torch.cuda.is_available() else "no-gpu")')
+TRACES=${TRACES:-tests/data/gpu_traces/$(date -u +%F)-$gpu}
+step traces env DISTCOURSE_GPU_SUITE_DEVICE=cuda DISTCOURSE_TRACE_DIR="$TRACES/gpu-suite" \
+    "$PYTHON" -m pytest tests/gpu -q -rs -p no:cacheprovider -k world1
+step programs "$PYTHON" tools/record_traces.py "$TRACES" --device cuda
 # The CPU unit tests on the box's own torch, 8 at a time (pytest-xdist), capped at 5
 # minutes. Left out: the browser test, the GPU suite (above), and what checks that the
 # environment is the locked one (envcheck, import-linter's command): a GPU image is not.
@@ -77,4 +91,5 @@ for i in "${!names[@]}"; do
     case ${results[$i]} in FAIL*) status=1 ;; esac
 done
 [ -f "$OUT/bookrun/report.txt" ] && sed 's/^/  /' "$OUT/bookrun/report.txt"
+[ -d "$TRACES" ] && echo "  traces recorded in $TRACES (commit them with the report)"
 exit $status

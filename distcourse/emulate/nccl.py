@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 import distcourse.emulate as _device
-from distcourse.emulate import completion, timing
+from distcourse.emulate import completion, recorder, timing
 from distcourse.emulate.p2p import (
     HeldWork,
     PointToPoint,
@@ -59,6 +59,18 @@ from distcourse.emulate.p2p import (
 )
 
 BACKEND = "emunccl"
+C10D_NAMES = {  # what each op is called among c10d's dispatched ops on a GPU
+    "all_reduce": "allreduce_",
+    "reduce": "reduce_",
+    "broadcast": "broadcast_",
+    "all_gather": "allgather_",
+    "all_gather_into_tensor": "_allgather_base_",
+    "reduce_scatter_tensor": "_reduce_scatter_base_",
+    "all_to_all_single": "alltoall_base_",
+    "all_to_all": "alltoall_",
+    "gather": "gather_",
+    "scatter": "scatter_",
+}
 _SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
 
 
@@ -147,6 +159,10 @@ class EmulatedNccl(PointToPoint, dist.ProcessGroup):
         shown = [*inputs, *outputs, *both][:2]
         shapes = ", ".join(describe(t) for t in shown)
         timing.note_device_work(f"{what} of {shapes}", self._me)
+        given = [*inputs, *outputs, *both]
+        recorder.note_message(
+            f"c10d.{C10D_NAMES[what]}", sum(t.numel() * t.element_size() for t in given)
+        )
         self._stream.submit(fn).result()
         held = completion.issue(
             completion.RULE_WAIT,

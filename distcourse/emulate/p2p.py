@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 import distcourse.emulate as _device
-from distcourse.emulate import completion, timing
+from distcourse.emulate import completion, recorder, timing
 from distcourse.emulate.works import HeldWork
 
 RULE_TAGS = "tags rule: NCCL ignores tags; messages between a pair match in issue order"
@@ -164,6 +164,8 @@ class PointToPoint:
             )
         op = (kind, peer, n, tag, tensor, held)
         timing.note_device_work(f"{kind} of {describe(tensor)}", self._me)
+        size = tensor.numel() * tensor.element_size()
+        recorder.note_message("c10d.send" if kind == "send" else "c10d.recv_", size)
         if self._batch is not None:
             self._batch.append(op)
             return done(tensors)

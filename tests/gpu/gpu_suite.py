@@ -22,19 +22,29 @@ GPU kernel picked by shape), which moves results by a few ulps, about 1e-7 of va
 of order 1; TOL = 1e-5 is far above that and far below any bug, which moves results
 by the order of the values themselves. TF32 is switched off on every rank: it would
 round matmul inputs to 10 bits and make 1e-3 differences legitimate.
+
+With DISTCOURSE_TRACE_DIR set, each rank records what it dispatched and sent
+(`distcourse.emulate.recorder`) into that folder, one file per test program, world
+size and rank: tools/gpu_check.sh keeps the GPU's in tests/data/gpu_traces/.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from distcourse import runtime
+from distcourse.emulate import recorder
 from distcourse.launch import spawn
 
 VARIABLE = "DISTCOURSE_GPU_SUITE_DEVICE"
+TRACE_VARIABLE = "DISTCOURSE_TRACE_DIR"  # set: each rank writes its trace there
 EMULATED = "emulated"  # runtime.EMULATED: the value DISTCOURSE_DEVICE takes too
 DEVICES = ("cpu", "cuda", EMULATED)
 WORLD_SIZES = (1, 2, 4, 8)  # 8: a full 8-GPU box
@@ -92,7 +102,21 @@ def run(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
 def _on_rank(fn: Callable[..., Any], *args: Any) -> Any:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    return fn(*args)
+    folder = os.environ.get(TRACE_VARIABLE)
+    if not folder:
+        return fn(*args)
+    with recorder.Recorder() as seen:  # tools/gpu_check.sh's traces step
+        result = fn(*args)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    name = f"{fn.__module__}.{fn.__name__}-world{world}-rank{rank}.json"
+    trace = {
+        **recorder.header(runtime.device(), f"gpu-suite {fn.__module__}.{fn.__name__}"),
+        "ops": seen.ops,
+        "messages": seen.messages,
+    }
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / name).write_text(json.dumps(trace) + "\n")
+    return result
 
 
 def diff(a: torch.Tensor, b: torch.Tensor) -> float:
