@@ -269,7 +269,12 @@ def saved_bytes(
 
     - "cudnn": "lse" float32 (B, H, S, 1), "seed" and "offset" one int64 each;
     - "flash" (CUDA): "lse" float32 (B, H, S), "seed" two uint64 and "offset"
-      one uint64 (the Philox state, kept even without dropout);
+      one uint64 (the Philox state, kept even without dropout); for a head size
+      that is not a multiple of 8, "padding": aten's composite pads q, k and v to
+      the next multiple of 8 (`pad_last_dim<8>`), the kernel keeps them and its
+      output padded, and the output sliced back is a view of the padded one, so
+      whatever keeps it whole (the projection after) keeps its own copy: what the
+      padding adds to q, k, v and an output, plus that copy;
     - "efficient": "lse" float32 padded to a multiple of 32 tokens (B, H,
       ceil(S / 32) * 32), "seed" and "offset" one int64 each;
     - "cpu_flash": "lse" (B, H, S) in the computation dtype (float32 for 16-bit
@@ -292,7 +297,12 @@ def saved_bytes(
     if kernel == "cudnn":
         return {"lse": tokens * f32, "seed": i64, "offset": i64}
     if kernel == "flash":
-        return {"lse": tokens * f32, "seed": 2 * i64, "offset": i64}
+        kept = {"lse": tokens * f32, "seed": 2 * i64, "offset": i64}
+        pad = -head_dim % 8
+        if pad:
+            padded = 4 * tokens * pad * _size(dtype)  # q, k, v and out, wider
+            kept["padding"] = padded + tokens * head_dim * _size(dtype)  # a copy
+        return kept
     if kernel == "efficient":
         padded = batch * heads * math.ceil(seq / 32) * 32
         return {"lse": padded * f32, "seed": i64, "offset": i64}

@@ -42,9 +42,9 @@ def test_the_kernel_cuda_chooses_keeps_what_it_keeps(dtype, head) -> None:
     kernel = sdpa.choose_kernel("cuda", dtype, head, causal=True)
     kept, out, grads, q = _run(GPU, dtype, head)
     each = q.untyped_storage().nbytes()
-    if kernel == "flash" and head % 8:  # q, k, v and the output padded to 8
-        each = each * 8 // head
     extra = sum(sdpa.saved_bytes(kernel, B, H, S, head, dtype).values())
+    if kernel == "flash" and head % 8:  # no projection here to copy the output
+        extra -= each
     base = 3 * each if kernel == "math" else 4 * each  # math keeps no output
     assert kept == base + extra, kernel
     ref_kept, ref_out, ref_grads, _ = _run(torch.device("cpu"), torch.float32, head)
@@ -94,3 +94,27 @@ def test_masks_dropout_and_grouped_heads_run_their_kernels() -> None:
     assert torch.isfinite(v.grad.float()).all()
     undropped = probs.float().sum(-2).unsqueeze(-1).expand(B, H, S, 8)
     assert (v.grad.float() - undropped).abs().max().item() > 1e-2
+
+
+def test_a_bf16_block_keeps_what_cuda_keeps() -> None:
+    """Block(16 wide, 8 heads of 2) in bf16, batch 2 of 8 tokens: flash pads the
+    heads to 8 (sdpa's "padding"), and layer norm keeps float32 statistics as CUDA's
+    kernel does (the CPU's keeps them in bf16: 576 bytes, not 640)."""
+    from distcourse.examples.gpt import Block, GPTConfig
+    from distcourse.parallel.tensor.memory import saved_activation_bytes
+
+    torch.manual_seed(0)
+    block = Block(GPTConfig(n_embd=16, n_head=8)).to(GPU).to(torch.bfloat16)
+    x = torch.randn(2, 8, 16).to(GPU).to(torch.bfloat16).requires_grad_()
+    kept = saved_activation_bytes(block, x)
+    one = 2 * 8 * 16 * 2  # one bf16 activation of the block
+    flash = sdpa.saved_bytes("flash", 2, 8, 8, 2, torch.bfloat16)
+    assert kept["attn"] == one + 4 * one + sum(flash.values()) == 9752
+    assert kept["ln1"] == one + 2 * (2 * 8) * 4 == 640  # input, float32 mean, rstd
+    norm = torch.nn.LayerNorm(16).to(GPU).to(torch.bfloat16)
+    out, mean, rstd = torch.ops.aten.native_layer_norm(
+        x, (16,), norm.weight, None, 1e-5
+    )
+    assert (out.dtype, mean.dtype, rstd.dtype) == (torch.bfloat16, *[torch.float32] * 2)
+    norm(x).float().sum().backward()
+    assert x.grad.dtype == norm.weight.grad.dtype == torch.bfloat16

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from distcourse.emulate import completion, counters, rng, schema, timing
+from distcourse.emulate import completion, counters, kernels, rng, schema, timing
 from distcourse.emulate.ordinal import DEVICE_TYPE, current, current_device
 
 RULE_SAME_DEVICE = "same-device rule (emulated GPU)"
@@ -242,8 +242,8 @@ def _dispatch(func: Any, args: Any, kwargs: dict) -> Any:
     elif _SEEDED in func.tags:
         with rng.drawing((made_on or devices[0]).index or 0):
             out = func(*h_args, **h_kwargs)
-    else:
-        out = func(*h_args, **h_kwargs)
+    else:  # the host's kernel, or one that computes as CUDA's (kernels.HOST)
+        out = kernels.HOST.get(func, func)(*h_args, **h_kwargs)
     if (synced and not later) or func in _SCALAR_OUT:
         counters.count_host_sync(str(func))
     if later:  # a non_blocking copy to the host: there when the stream is synced
