@@ -212,6 +212,7 @@ def _ledger_counts() -> list[tuple[Counter, Counter]]:
         lambda: ag.reduce_scatter_along(x, 0),
         lambda: ag.all_to_all_along(x, 0, 1),
         lambda: ag.all_gather_along(x, 0, check=False),
+        lambda: ag.all_gather_along(x, 0, check=False, sizes=[4] * 4),
     ]
     counts = []
     for op in ops:
@@ -236,11 +237,12 @@ def test_a_ledger_sees_forward_and_backward_collectives() -> None:
         ({"all_gather": 1}, {"all_reduce": 1}),  # copy: check | sum
         ({"all_gather": 1, "all_reduce": 1}, {}),  # reduce: check, sum | nothing
         ({"all_gather": 1}, {"all_gather": 1}),  # split: check | gather
-        ({"all_gather": 3}, {}),  # gather: check, sizes, data | slice
-        ({"all_gather": 3}, {"batch_isend_irecv": ring}),  # | ring reduce-scatter
+        ({"all_gather": 2}, {}),  # gather: check (with the sizes), data | slice
+        ({"all_gather": 2}, {"batch_isend_irecv": ring}),  # | ring reduce-scatter
         ({"all_gather": 1, "batch_isend_irecv": ring}, {"all_gather": 1}),
-        ({"all_gather": 2, "all_to_all_single": 1}, {"all_to_all_single": 1}),
-        ({"all_gather": 2}, {"batch_isend_irecv": ring}),  # all_gather, no check
+        ({"all_gather": 1, "all_to_all_single": 1}, {"all_to_all_single": 1}),
+        ({"all_gather": 2}, {"batch_isend_irecv": ring}),  # no check: sizes, data
+        ({"all_gather": 1}, {"batch_isend_irecv": ring}),  # sizes given: data only
     ]
     for counts in spawn(_ledger_counts, n, timeout=10):
         assert [(dict(f), dict(b)) for f, b in counts] == want
@@ -334,3 +336,48 @@ def test_one_rank_is_the_identity_and_bad_arguments_fail_at_once() -> None:
     assert "dim must be an int, got 0.5" in errors["not int"]
     assert "split_dim and cat_dim must differ, both are 1" in errors["same dims"]
     assert "expected a Tensor, got list" in errors["not a tensor"]
+
+
+def _sizes_from_the_shape() -> dict[str, object]:
+    """Uneven pieces of a known logical length (SIZES, 6 in all): gathered with the
+    sizes given, checked (the agreement brings them) and unchecked (exchanged);
+    the host syncs and all_gathers each way; a wrong size list refused."""
+    from distcourse import emulate, runtime
+
+    r, d = dist.get_rank(), runtime.device()
+    whole = _ints((6, 2), seed=3).to(d)
+    x = whole.split(list(SIZES))[r]
+    out: dict[str, object] = {}
+    for way, call in (
+        ("given", lambda: ag.gather_from_group(x, 0, check=False, sizes=SIZES)),
+        ("agreed", lambda: ag.gather_from_group(x, 0)),
+        ("exchanged", lambda: ag.gather_from_group(x, 0, check=False)),
+    ):
+        emulate.reset_host_syncs()
+        with Ledger() as ledger:
+            got = call()
+        syncs = emulate.host_syncs()  # before .cpu() below, which counts
+        gathers = sum(rec.op == "all_gather" for rec in ledger.records)
+        out[way] = (torch.equal(got.cpu(), whole.cpu()), gathers, syncs)
+    wrong = [2, 1, 2, 1]  # this rank's entry is wrong on ranks 1 and 2
+    with pytest.raises(ValueError) as err:
+        ag.all_gather_along(x, 0, sizes=wrong)
+    out["refused"] = str(err.value)
+    return out
+
+
+def test_sizes_from_the_logical_shape_cost_no_exchange_and_no_host_sync() -> None:
+    """`sizes=` (a global tensor's or a layer's logical shape) gathers with one
+    all_gather and no device-to-host copy; a checked call reads the sizes from its
+    agreement (one all_gather fewer than before); only an unchecked call without
+    them exchanges them, at a host sync. A size list that does not fit this rank's
+    piece is refused on every rank, before any data moves."""
+    results = spawn(_sizes_from_the_shape, 4, backend="emulated", timeout=20)
+    for r, got in enumerate(results):
+        assert got["given"][:2] == (True, 1) and got["given"][2] == 0
+        assert got["agreed"][:2] == (True, 2)  # the check, then the data
+        assert got["exchanged"][:2] == (True, 2) and got["exchanged"][2] >= 1
+        if r in (1, 2):  # its own piece does not fit the list
+            assert "sizes=[2, 1, 2, 1] must give every one" in got["refused"]
+        else:
+            assert "rank(s) [1, 2] rejected their arguments" in got["refused"]

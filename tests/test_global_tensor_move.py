@@ -89,9 +89,10 @@ def test_move_values_gradients_and_bytes() -> None:
             if in_p:
                 assert value.endswith(" True") and "grad" in value, (k, rank, value)
     # hand-counted, case 0 ([0, 1] S(0) -> [2, 3] S(0), 5 x 3 float64): ranks 0 and
-    # 1 all_gather (8 + 3 rows * 24 bytes), then send a header (80) and rows 0-2
-    # (72) to rank 2, rows 3-4 (48) to rank 3; ranks 2 and 3 send one ack (80)
-    assert [got[r][0][1] for r in range(4)] == [80 + 80 + 72, 80 + 80 + 48, 80, 80]
+    # 1 all_gather (3 rows * 24 bytes, the longest piece; the lengths follow from
+    # the shape), then send a header (80) and rows 0-2 (72) to rank 2, rows 3-4
+    # (48) to rank 3; ranks 2 and 3 send one ack (80)
+    assert [got[r][0][1] for r in range(4)] == [72 + 80 + 72, 72 + 80 + 48, 80, 80]
 
 
 def _errors() -> list[str]:

@@ -142,22 +142,65 @@ def agree(
     `explain` (if given: it may run a collective, as all ranks reach it) for the
     error's text.
     """
+    return _agreed(name, tensor, group, validate, key_name, check, explain, None)[0]
+
+
+def agree_lengths(
+    name: str,
+    tensor: Tensor,
+    dim: int,
+    group: Group = None,
+    *,
+    validate: Callable[[], int] = no_key,
+    key_name: str = "",
+    check: bool = True,
+) -> tuple[int, list[int] | None]:
+    """`agree` on `tensor` but for its size along `dim`, which may differ between
+    ranks (a gather of uneven pieces); returns (key, every rank's size along `dim`).
+
+    The sizes ride in the check's own all_gather (one more int64 in each rank's
+    row, left out of the comparison), so a gather that follows needs no exchange
+    of its own. Without `check` there is no gather: (key, None), and a caller that
+    needs the sizes must know them (from the logical shape) or exchange them. A
+    `dim` out of range is left to `validate` to refuse.
+    """
+    valid = isinstance(dim, int) and -tensor.dim() <= dim < tensor.dim()
+    compared = tensor.narrow(dim, 0, 0) if valid else tensor
+    length = tensor.size(dim) if valid else -1
+    return _agreed(name, compared, group, validate, key_name, check, None, length)
+
+
+def _agreed(
+    name: str,
+    tensor: Tensor,
+    group: Group,
+    validate: Callable[[], int],
+    key_name: str,
+    check: bool,
+    explain: Callable[[], str] | None,
+    length: int | None,
+) -> tuple[int, list[int] | None]:
+    """`agree`'s body; `length` (if not None) travels in the row uncompared, and
+    every rank's is returned."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name}: expected a Tensor, got {type(tensor).__name__}")
     if not check:
-        return validate()
+        return validate(), None
     g = members(group, name)
     if g.size == 1:  # no other rank to disagree with
-        return validate()
+        return validate(), None if length is None else [length]
     problem, key = None, -1
     try:
         key = validate()
     except (ValueError, TypeError) as err:
         problem = err
     mine = _describe(name, key, tensor, problem is None)
+    if length is not None:
+        mine = torch.cat([mine, mine.new_tensor([length])])
     rows = [torch.empty_like(mine) for _ in range(g.size)]
     dist.all_gather(rows, mine, group=g.group)
-    table = torch.stack(rows).tolist()  # (ranks, 4 + TensorSpec.LENGTH)
+    table = torch.stack(rows).tolist()  # (ranks, 4 + TensorSpec.LENGTH [+ 1])
+    lengths = None if length is None else [row.pop() for row in table]
     if problem is not None:
         raise problem
     failed = [g.ranks[r] for r, row in enumerate(table) if not row[0]]
@@ -170,7 +213,7 @@ def agree(
             f"rank {g.ranks[r]}: {_show(row, key_name)}" for r, row in enumerate(table)
         )
         raise ValueError(f"{name}: ranks disagree on shape, dtype or op: {calls}")
-    return key
+    return key, lengths
 
 
 Entry = tuple[str, tuple[int, ...], str]  # one tensor: name, shape, dtype

@@ -14,8 +14,13 @@ torch.autograd.Function, wrapped by a plain function taking `group=None`:
     all_to_all_along       all_to_all              all_to_all back    Ulysses attention
 
 Uneven sizes follow torch.tensor_split: a split gives the first `size % n` ranks one
-more element along `dim`. A gather takes any size per rank: it all-gathers the sizes
-(8 bytes per rank), pads each piece to the longest, moves equal blocks and trims.
+more element along `dim`. A gather takes any size per rank: it pads each piece to the
+longest, moves equal blocks and trims, so it needs every rank's size. `sizes=` gives
+them where the logical shape does (a global tensor's, a layer's even split): no
+message. Otherwise a checked call reads them from its agreement's all_gather, which
+carries one more int64 per rank; only an unchecked gather without `sizes` exchanges
+them itself, one all_gather of an int64 per rank and a device-to-host copy (a
+synchronization on a GPU) per gather.
 Reduce-scatter is comm.ring's ring_reduce_scatter on every backend (old gloo lacks
 it). `check=True` (the same on every rank) adds one all_gather of 112 bytes before the
 forward moves data, so mismatched shapes raise one ValueError on every rank instead of
@@ -24,6 +29,7 @@ a hang; backwards need no check. A group of one rank is the identity.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -31,7 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from distcourse.comm.agree import Group, Members, agree, members
+from distcourse.comm.agree import Group, Members, agree, agree_lengths, members
 from distcourse.comm.ring import ring_reduce_scatter
 
 
@@ -47,24 +53,38 @@ def _dim(x: Tensor, dim: int, name: str, what: str = "dim") -> int:
     return dim % x.dim()
 
 
-def _without(x: Tensor, dim: int) -> Tensor:
-    """What `agree` compares when sizes along `dim` may differ: x with 0 there (x if
-    `dim` is invalid: the local check rejects it, and `agree` tells the others)."""
-    ok = isinstance(dim, int) and -x.dim() <= dim < x.dim()
-    return x.narrow(dim, 0, 0) if ok else x
-
-
 def split_sizes(size: int, n: int) -> list[int]:
     """Sizes of torch.tensor_split(range(size), n): the first size % n one longer."""
     return [size // n + (r < size % n) for r in range(n)]
 
 
-def _sizes(x: Tensor, dim: int, g: Members) -> list[int]:
-    """Every rank's x.size(dim), by one all_gather of one int64 each."""
+def _sizes(x: Tensor, dim: int, g: Members, known: list[int] | None) -> list[int]:
+    """Every rank's x.size(dim): `known` when the caller or the agreement gave them,
+    else by one all_gather of one int64 each (and a host copy of the result)."""
+    if known is not None:
+        return known
     mine = torch.tensor([x.size(dim)], dtype=torch.int64, device=x.device)
     rows = [torch.empty_like(mine) for _ in range(g.size)]
     dist.all_gather(rows, mine, group=g.group)
     return torch.cat(rows).tolist()
+
+
+def _given(
+    sizes: Sequence[int] | None, x: Tensor, dim: int, g: Members, name: str
+) -> list[int] | None:
+    """`sizes` as a list, checked on this rank: one non-negative int per rank, and
+    this rank's equal to x.size(dim); None stays None."""
+    if sizes is None:
+        return None
+    known = list(sizes)
+    ok = all(isinstance(s, int) and s >= 0 for s in known) and len(known) == g.size
+    if not ok or known[g.rank] != x.size(dim):
+        raise ValueError(
+            f"{name}: sizes={known} must give every one of the {g.size} ranks its "
+            f"size along dim {dim}; this rank (group rank {g.rank}) holds "
+            f"{x.size(dim)}"
+        )
+    return known
 
 
 def _pad(x: Tensor, dim: int, size: int) -> Tensor:
@@ -229,37 +249,77 @@ def split_to_group(
 
 
 def gather_from_group(
-    x: Tensor, dim: int, group: Group = None, check: bool = True
+    x: Tensor,
+    dim: int,
+    group: Group = None,
+    check: bool = True,
+    *,
+    sizes: Sequence[int] | None = None,
 ) -> Tensor:
     """Every rank's x concatenated along `dim`, in rank order: a replicated result.
 
     The backward keeps this rank's slice of the gradient: what follows is replicated,
-    so no sum is needed. Pieces may differ in size along `dim` (sizes are exchanged);
-    all other dims and the dtype must match across ranks.
+    so no sum is needed. Pieces may differ in size along `dim`; all other dims and
+    the dtype must match across ranks. `sizes`: every rank's size along `dim`, the
+    same list on every rank, where the logical shape gives it (module docstring);
+    without it a checked call reads them from its agreement, an unchecked one
+    exchanges them.
     """
-    return _gathering("gather_from_group", x, dim, group, check, reduce=False)
+    return _gathering("gather_from_group", x, dim, group, check, False, sizes)
 
 
 def all_gather_along(
-    x: Tensor, dim: int, group: Group = None, check: bool = True
+    x: Tensor,
+    dim: int,
+    group: Group = None,
+    check: bool = True,
+    *,
+    sizes: Sequence[int] | None = None,
 ) -> Tensor:
     """Every rank's x concatenated along `dim`; the backward reduce-scatters (sums).
 
     Sequence parallelism's gather: each rank then uses the whole sequence differently,
     so the gradient of each piece is summed over ranks and handed to its owner. Sizes
-    along `dim` may differ, as in gather_from_group.
+    along `dim` may differ, and `sizes` gives them, as in gather_from_group.
     """
-    return _gathering("all_gather_along", x, dim, group, check, reduce=True)
+    return _gathering("all_gather_along", x, dim, group, check, True, sizes)
 
 
 def _gathering(
-    name: str, x: Tensor, dim: int, group: Group, check: bool, reduce: bool
+    name: str,
+    x: Tensor,
+    dim: int,
+    group: Group,
+    check: bool,
+    reduce: bool,
+    sizes: Sequence[int] | None,
 ) -> Tensor:
-    """Validate, agree on everything but the size along `dim`, exchange sizes, apply."""
+    """Validate, agree on everything but the size along `dim` (the agreement brings
+    every rank's size), then gather with the sizes given, agreed or exchanged."""
     g = members(group, name)
-    valid_dim, compared = (lambda: _dim(x, dim, name)), _without(x, dim)
-    d = agree(name, compared, group, validate=valid_dim, key_name="dim", check=check)
-    return x if g.size == 1 else _Gather.apply(x, d, _sizes(x, d, g), g, reduce)
+
+    def valid() -> int:
+        d = _dim(x, dim, name)
+        _given(sizes, x, d, g, name)
+        return d
+
+    d, agreed = agree_lengths(
+        name, x, dim, group, validate=valid, key_name="dim", check=check
+    )
+    if g.size == 1:
+        return x
+    known = _agreed_sizes(_given(sizes, x, d, g, name), agreed, name)
+    return _Gather.apply(x, d, _sizes(x, d, g, known), g, reduce)
+
+
+def _agreed_sizes(
+    given: list[int] | None, agreed: list[int] | None, name: str
+) -> list[int] | None:
+    """The sizes given, checked against the agreement's where both exist (the same
+    on every rank, so every rank raises alike); else whichever exists."""
+    if given is not None and agreed is not None and given != agreed:
+        raise ValueError(f"{name}: sizes={given}, but the ranks hold {agreed}")
+    return given if given is not None else agreed
 
 
 def reduce_scatter_along(
@@ -284,14 +344,21 @@ def _scattering(
 
 
 def all_to_all_along(
-    x: Tensor, split_dim: int, cat_dim: int, group: Group = None, check: bool = True
+    x: Tensor,
+    split_dim: int,
+    cat_dim: int,
+    group: Group = None,
+    check: bool = True,
+    *,
+    sizes: Sequence[int] | None = None,
 ) -> Tensor:
     """Split x along `split_dim` across ranks and concatenate what arrives on `cat_dim`.
 
     Rank j receives piece j (tensor_split sizes) of every rank's x and concatenates
     them in rank order: e.g. (heads, seq/N) -> (heads/N, seq), as in DeepSpeed
     Ulysses. The backward is the reverse all_to_all. Sizes along `cat_dim` may differ
-    across ranks (they are exchanged); all other dims must match. The two dims differ.
+    across ranks (`sizes` gives them, as in gather_from_group); all other dims must
+    match. The two dims differ.
     """
     name = "all_to_all_along"
     g = members(group, name)
@@ -300,9 +367,15 @@ def all_to_all_along(
         s, c = _dim(x, split_dim, name, "split_dim"), _dim(x, cat_dim, name, "cat_dim")
         if s == c:
             raise ValueError(f"{name}: split_dim and cat_dim must differ, both are {s}")
+        _given(sizes, x, c, g, name)
         return 100 * s + c
 
-    compared, shown = _without(x, cat_dim), "100*split_dim+cat_dim"
-    key = agree(name, compared, group, validate=both_dims, key_name=shown, check=check)
+    shown = "100*split_dim+cat_dim"
+    key, agreed = agree_lengths(
+        name, x, cat_dim, group, validate=both_dims, key_name=shown, check=check
+    )
+    if g.size == 1:
+        return x
     dims = divmod(key, 100)  # (split_dim, cat_dim)
-    return x if g.size == 1 else _AllToAll.apply(x, dims, _sizes(x, dims[1], g), g)
+    known = _agreed_sizes(_given(sizes, x, dims[1], g, name), agreed, name)
+    return _AllToAll.apply(x, dims, _sizes(x, dims[1], g, known), g)

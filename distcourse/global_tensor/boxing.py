@@ -67,11 +67,15 @@ def convert(
     group, c = pl.groups[dim], pl.coord[dim]
     if debug.active():
         debug.record(f"    mesh dim {dim}: {src!r} -> {dst!r}  {collective(src, dst)}")
-    if isinstance(src, Split):
+    if isinstance(src, Split):  # the pieces' lengths follow from the logical shape
+        n = pl.hierarchy[dim]
+        sizes = [piece(size[src.dim], n, k)[1] for k in range(n)]
         if dst == B:
-            return gather_from_group(x, src.dim, group, check=False)
+            return gather_from_group(x, src.dim, group, check=False, sizes=sizes)
         if isinstance(dst, Split):
-            return all_to_all_along(x, dst.dim, src.dim, group, check=False)
+            return all_to_all_along(
+                x, dst.dim, src.dim, group, check=False, sizes=sizes
+            )
         whole = list(x.shape)  # S -> P; no later mesh dim splits src.dim (plan)
         whole[src.dim] = size[src.dim]
         out = x.new_zeros(whole)
@@ -140,10 +144,10 @@ def steps(src: Signature, dst: Signature) -> list[tuple[int, Signature, Signatur
 # The convention's cost of each collective on a ring of n ranks, T the bytes the
 # group holds together (chapter 6's table): what one rank puts on the wire
 FORMULAS = {
-    "all_gather": "(n-1)T/n + 8(n-1)",  # + the pieces' sizes, one int64 each
+    "all_gather": "(n-1)T/n",
     "reduce_scatter": "(n-1)T/n",
     "all_reduce": "2(n-1)T/n",  # a reduce_scatter, then an all_gather
-    "all_to_all": "(n-1)T/n^2 + 8(n-1)",  # my piece T/n, less what I keep
+    "all_to_all": "(n-1)T/n^2",  # my piece T/n, less what I keep
 }
 
 
@@ -161,12 +165,12 @@ def transfer_bytes(
     dimension of n ranks: the book's one convention, as the Ledger counts it.
 
     Even pieces give `formula(src, dst)`: all_gather and reduce_scatter (n-1)T/n,
-    all_reduce 2(n-1)T/n, all_to_all (n-1)/n of my piece T/n; a gather or all_to_all
-    first all-gathers the pieces' sizes (8 bytes each). Uneven pieces: all_gather
-    and our ring reduce_scatter move n - 1 blocks of the longest piece (the others
-    are padded to it); all_to_all my own piece less the part I keep (piece 0 of
-    it along the new split's dim), which is (n-1)/n of it when that dim divides
-    evenly. torch's all_gather and all_reduce are counted as the ring runs them
+    all_reduce 2(n-1)T/n, all_to_all (n-1)/n of my piece T/n (the pieces' lengths
+    follow from the logical shape: nothing is sent to learn them). Uneven pieces:
+    all_gather and our ring reduce_scatter move n - 1 blocks of the longest piece
+    (the others are padded to it); all_to_all my own piece less the part I keep
+    (piece 0 of it along the new split's dim), which is (n-1)/n of it when that dim
+    divides evenly. torch's all_gather and all_reduce are counted as the ring runs them
     (comm.ledger.ring_wire_bytes), its all_to_all exactly from the pieces (as the
     ledger counts it); the reduce_scatter is ours, sent by p2p.
     """
@@ -176,16 +180,15 @@ def transfer_bytes(
         return 0
     if kind == "all_reduce":
         return ring_wire_bytes("all_reduce", total, n)
-    sizes = ring_wire_bytes("all_gather", 8, n)  # one int64 per rank
     dim = src.dim if kind == "all_gather" else getattr(dst, "dim", 0)
     longest = total // shape[dim] * piece(shape[dim], n, 0)[1] if shape[dim] else 0
     if kind == "all_gather":
-        return sizes + ring_wire_bytes("all_gather", longest, n)
+        return ring_wire_bytes("all_gather", longest, n)
     if kind == "reduce_scatter":
         return (n - 1) * longest  # our ring: n - 1 sends of one block
     mine = total // shape[src.dim] * piece(shape[src.dim], n, 0)[1]
     kept = mine // shape[dim] * piece(shape[dim], n, 0)[1] if shape[dim] else 0
-    return sizes + mine - kept  # the pieces it sends the others; its own stays
+    return mine - kept  # the pieces it sends the others; its own stays
 
 
 def cost_line(

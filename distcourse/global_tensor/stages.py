@@ -187,15 +187,15 @@ def pipeline_mlp_bytes(
     dim 0 of t bytes a rank ((dp - 1)t on the wire) and r(t) = an all_reduce on mesh
     dim 1 (2(tp - 1)t / tp):
       every stage   mlp_step_bytes: the row layer's all_reduce, the gradients'
-      sending on    the move: g(8) + g(a) (sizes, then pieces), the send (h + a);
+      sending on    the move: g(a) (the pieces), the send (h + a);
                     in backward, the ack of the gradient's receive (h)
       receiving     the ack of the activation's receive (h); in backward, the input
-                    gradient's P -> B (r(a): Megatron's f), g(8) + g(a), send (h + a)
+                    gradient's P -> B (r(a): Megatron's f), g(a), send (h + a)
       the last      the loss's all_reduce for `.item()` (item bytes, on mesh dim 0)
     """
     m, h = micro_batches, HEADER_LEN * 8
     a = rows // m // dp * c * item
-    gather = ring_wire_bytes("all_gather", 8, dp) + ring_wire_bytes("all_gather", a, dp)
+    gather = ring_wire_bytes("all_gather", a, dp)
     total = mlp_step_bytes(rows // m, c, hidden, dp, tp, item=item)
     if stage < stages - 1:
         total += gather + h + a + h

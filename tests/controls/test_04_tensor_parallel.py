@@ -48,7 +48,6 @@ from distcourse.parallel.tensor import (
     parallelize_gpt,
     save_checkpoint,
     step_ledger,
-    sublayer_wire_bytes,
     vocab_parallel_cross_entropy,
 )
 
@@ -163,8 +162,8 @@ def _vocab(found: dict[str, str]) -> None:
 
 
 def _bytes(found: dict[str, str]) -> None:
-    """Step 5: an MLP without g; a formula with n where n - 1 belongs; sequence
-    parallelism whose g is an all_reduce."""
+    """Step 5: an MLP without g; sequence parallelism fed the whole sequence (its f
+    gathers S, not S/N, a rank); sequence parallelism whose g is an all_reduce."""
     n, rank = dist.get_world_size(), dist.get_rank()
     torch.manual_seed(0)
     mlp, x = MLP(H), torch.randn(B, T, H)
@@ -181,18 +180,13 @@ def _bytes(found: dict[str, str]) -> None:
         found[name] = f"... as the shapes say: {sizes == [S] * 2 * sublayers}"
     sp = SequenceMLPWithAllReduce.from_module(mlp, sequence_parallel=True, check=False)
     ledger = step_ledger(sp, x.tensor_split(n, 1)[rank])
-    small = [r for r in ledger.records if r.op == "all_reduce" and r.bytes <= 64]
-    small += [r for r in ledger.records if r.bytes <= 8]
-    gathers = sum(
-        r.wire for r in ledger.records if r.op == "all_gather" and r not in small
-    )
     scatters = ledger.bytes_sent("batch_isend_irecv")
-    wrong_one_way = 2 * (n * S // n)  # n where n - 1 belongs
-    found["gathers"] = f"all_gathers ...: {gathers == wrong_one_way}"
     one_way = 2 * ((n - 1) * S // n)
     found["scatters"] = f"reduce_scatters ...: {scatters == one_way}"
-    both = gathers + scatters
-    found["together"] = f"together ...: {both == sublayer_wire_bytes(S, n)}"
+    whole = ParallelMLP.from_module(mlp, sequence_parallel=True)  # not split first
+    fed = step_ledger(whole, x)
+    gathers = [r for r in fed.records if r.op == "all_gather" and r.bytes == S // n]
+    found["gathers"] = f"all_gathers (f): ... bytes: {len(gathers) == 2}"
 
 
 def _memory(found: dict[str, str]) -> None:
@@ -419,21 +413,16 @@ def test_ledger_against_broken_layers_or_formula_fails(
 
 @pytest.mark.controls(
     "04_tensor_parallel",
-    r"all_gathers \(f\) put [\d,]+ bytes on the wire",
-    fault="a byte formula with n where n - 1 belongs",
+    r"all_gathers \(f\): \d+, each handed my S/N",
+    fault="sequence parallelism fed the whole sequence on every rank (f gathers S)",
 )
 @pytest.mark.controls(
     "04_tensor_parallel",
     r"reduce_scatters \(g\) sent",
     fault="sequence parallelism whose g is an all_reduce, not a reduce_scatter",
 )
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"together [\d,]+ = the plain MLP's two all_reduces",
-    fault="sequence parallelism whose g is an all_reduce, not a reduce_scatter",
-)
 def test_sequence_parallel_bytes_of_a_wrong_g_fail(faults: dict[str, str]) -> None:
-    for name in ("gathers", "scatters", "together"):
+    for name in ("gathers", "scatters"):
         assert _fails(faults[name]), faults[name]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from distcourse.comm.agree import Group
+from distcourse.comm.agree import Group, members
 from distcourse.comm.autograd import (
     all_gather_along,
     copy_to_group,
@@ -38,13 +38,18 @@ def split(x: Tensor, dim: int, group: Group) -> Tensor:
 
 
 def gather(x: Tensor, dim: int, group: Group) -> Tensor:
-    """Every rank's x along `dim`, replicated (gather_from_group)."""
-    return gather_from_group(x, dim, group, check=False)
+    """Every rank's x along `dim`, replicated (gather_from_group): a layer's even
+    split (`shard_size`), so every rank's piece is as long as this one's."""
+    n = members(group, "gather").size
+    return gather_from_group(x, dim, group, check=False, sizes=[x.size(dim)] * n)
 
 
-def gather_sequence(x: Tensor, dim: int, group: Group) -> Tensor:
-    """Sequence parallelism's f: all-gather forward, reduce-scatter backward."""
-    return all_gather_along(x, dim, group, check=False)
+def gather_sequence(
+    x: Tensor, dim: int, group: Group, sizes: list[int] | None
+) -> Tensor:
+    """Sequence parallelism's f: all-gather forward, reduce-scatter backward. `sizes`:
+    every rank's tokens, from the layer's agreement (None: exchanged here)."""
+    return all_gather_along(x, dim, group, check=False, sizes=sizes)
 
 
 def scatter_sequence(x: Tensor, dim: int, group: Group) -> Tensor:

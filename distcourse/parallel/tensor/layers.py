@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.types import Device
 
-from distcourse.comm.agree import Group, Members, agree, members
+from distcourse.comm.agree import Group, Members, agree, agree_lengths, members
 from distcourse.parallel.tensor import edges
 from distcourse.parallel.tensor.checkpoint import ShardedLinear, check_keys
 
@@ -89,12 +89,13 @@ class ColumnParallelLinear(ShardedLinear):
                 )
             return -1
 
-        split_seq = self.sequence_parallel and -x.dim() <= d < x.dim()
-        compared = x.narrow(d, 0, 0) if split_seq else x  # parts may differ in length
         name = "ColumnParallelLinear"
-        agree(name, compared, tp.group, validate=input_fits, check=self.check)
-        if self.sequence_parallel:
-            return edges.gather_sequence(x, d, tp.group)
+        if self.sequence_parallel:  # parts may differ in length: the check brings them
+            _, sizes = agree_lengths(
+                name, x, d, tp.group, validate=input_fits, check=self.check
+            )
+            return edges.gather_sequence(x, d, tp.group, sizes)
+        agree(name, x, tp.group, validate=input_fits, check=self.check)
         return edges.f(x, tp.group)
 
     def local(self, x: Tensor) -> Tensor:
