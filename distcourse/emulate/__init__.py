@@ -23,13 +23,22 @@ is emulated NCCL, `nccl.py`): DDP, DTensor's `distribute_tensor` and `redistribu
 `parallelize_module`, `fully_shard` and `pipelining`'s GPipe all run on device tensors
 and match a one-process CPU run (tests/test_emulate_device_torch.py). None needs
 `host_for` today; it is the one way to run a module on the host should one stop
-working. `kernels.py` registers a fused attention and autocast's pass-through.
+working.
 
-What is not modelled: kernel numerics (every kernel is the CPU one; autocast casts as
-the CPU's does),
-streams (one in-order queue: events complete when recorded), memory limits, speeds.
-C++ knows every device tensor as gpu:0 (see `device.DeviceTensor.device`), so a
-factory asked for gpu:0 lands on the current device.
+Held to a real GPU, not to the CPU: `completion.py` holds an async op's results back
+until `wait()` or a synchronize and refuses a send buffer changed before its wait and
+a non-blocking copy to the host read before a synchronize; `timing.py` counts every
+kernel as pending device work; `autocast.py` applies CUDA's autocast policy read from
+the installed torch's header; `attention.py` runs the SDPA kernel CUDA chooses
+(`distcourse.sdpa`) keeping what it keeps; `kernels.py` registers both and computes
+layer norm's statistics as CUDA does; `rng.py` gives each device its own generator;
+`recorder.py` records traces that compare across machines (tests/data/gpu_traces/).
+
+What is not modelled: kernel numerics (every kernel computes on the host), streams'
+concurrency (one in-order queue), memory limits, speeds, one process driving two
+devices through one backward. C++ knows every device tensor as gpu:0 (see
+`device.DeviceTensor.device`), so a factory asked for gpu:0 lands on the current
+device.
 """
 
 from distcourse.emulate.counters import (
