@@ -239,13 +239,12 @@ def _connect(
         for r in ids
     ]
     infos = [a.get(timeout=timeout + 10) for a in asyncs]
-    view.execute(NAMESPACE)
+    view.execute(_NAMESPACE)
     return client, view, infos, ready
 
 
-# names every %%px and %%ranks cell can use (tests/controls/harness.py gives the
-# same names to the cells it runs on spawned ranks)
-NAMESPACE = """
+# names every %%px cell can use
+_NAMESPACE = """
 import torch, torch.distributed as dist
 from distcourse import runtime
 _info = runtime.require_initialized()
