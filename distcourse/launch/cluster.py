@@ -239,12 +239,13 @@ def _connect(
         for r in ids
     ]
     infos = [a.get(timeout=timeout + 10) for a in asyncs]
-    view.execute(_NAMESPACE)
+    view.execute(NAMESPACE)
     return client, view, infos, ready
 
 
-# names every %%px cell can use
-_NAMESPACE = """
+# names every %%px and %%ranks cell can use (tests/controls/harness.py gives the
+# same names to the cells it runs on spawned ranks)
+NAMESPACE = """
 import torch, torch.distributed as dist
 from distcourse import runtime
 _info = runtime.require_initialized()

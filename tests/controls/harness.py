@@ -1,0 +1,375 @@
+"""The one harness of the book's negative controls: plant a fault in the code under
+test, run the chapter's own cells (or a function) on spawned ranks, and check that
+the verdict lines a control names flip from PASS as written to FAIL planted.
+
+A control file says what to run and what to break; the harness does the rest:
+
+    CHAPTER = harness.Chapter("09_zero_fsdp", setup=["REF = {kind"])
+    FAULTS = {
+        "share": harness.Fault(
+            ["ZeRO-1's formula"],  # the cells to run: a text each one contains
+            harness.Plant(partition, "owners", _all_mine),  # what it replaces
+        ),
+    }
+
+    @pytest.fixture(scope="module")
+    def ran() -> harness.Ran:
+        return CHAPTER.run(FAULTS)
+
+    @pytest.mark.controls("09_zero_fsdp", r"ZeRO-1's formula", fault="...")
+    def test_a_rank_that_owns_everything_fails(flips) -> None:
+        flips("share")
+
+`Chapter.run` spawns the notebook's ranks once for the whole file. On every rank,
+for each distinct list of cells, the cells run once as written, then once under each
+fault that names them: a fresh namespace each time (the names a `%%ranks` cell sees,
+`cluster.NAMESPACE`), the chapter's setup cells, then the cells, with each `Plant`
+set on every rank (and undone after) and each `Swap` applied to the cells' text.
+Each cell's output is folded across ranks as `%%ranks` shows it ("[all ranks] ...",
+"[rank 1] ..."), so a control's regex is the one that matches the stored notebook.
+A cell without `%%ranks` runs in this process after the ranks are done, and
+`ranks.pull(name, rank)` there reads the value that rank's cells left (`Pulled`).
+A chapter with no ranks (`ranks=0`) runs every cell in this process.
+
+`flips(fault)` (tests/controls/conftest.py) reads the test's `pytest.mark.controls`
+markers: for each, some line of the run as written matching its regex must be a
+PASS (or True), and each verdict it matches in the planted run (the same words, the
+numbers aside) must say FAIL (or False) on some rank. The marker's regex is written
+for the passing line; a failing one matches it with its last word turned back.
+
+`run_function` gives a function the same treatment: as written and under each fault,
+in one spawn (or in this process), its printed lines folded the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from verdict_controls import RANK_TAG
+
+from distcourse.launch import bookrun, cluster, spawn
+from distcourse.launch.columns import RankOutput, split_lines
+from distcourse.launch.script import swapped
+
+BOOK = Path(__file__).resolve().parents[2] / "book"
+WRITTEN = "as written"  # the run with no fault planted
+MAGIC = re.compile(r"^%%(ranks|px)\b")
+PULL = re.compile(r"""ranks\.pull\(\s*["'](\w+)["']""")
+LAST_WORD = re.compile(r"(PASS|FAIL|True|False)\s*$")
+FAILED = re.compile(r"= \S+ > (\S+): FAIL\s*$")  # checks.verdict's FAIL
+
+
+@dataclass(frozen=True)
+class Plant:
+    """`owner.name` (a module's function, a class's method, an object's attribute)
+    replaced by `fake` on every rank while a fault runs: the fault in the code under
+    test. With `wrap=True`, `fake` is called with the real one and returns the
+    replacement (a fault that changes what the real function returns)."""
+
+    owner: object
+    name: str
+    fake: object
+    wrap: bool = False
+
+
+@dataclass(frozen=True)
+class Swap:
+    """One line of the chapter's cells (`old`, exactly once, as written) replaced by
+    `new`: a fault in the chapter's own code."""
+
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What a control runs and what it breaks: `cells`, a text that each cell to run
+    contains (in order; a chapter's setup runs first), and the plants and swaps."""
+
+    cells: Sequence[str]
+    plants: tuple[Plant | Swap, ...] = ()
+
+    def __init__(self, cells: Sequence[str], *plants: Plant | Swap) -> None:
+        object.__setattr__(self, "cells", tuple(cells))
+        object.__setattr__(self, "plants", plants)
+
+
+@contextlib.contextmanager
+def planted(plants: Sequence[Plant | Swap]) -> Iterator[None]:
+    """Every Plant of `plants` set for the block, then undone (in reverse order)."""
+    undo = []
+    try:
+        for plant in plants:
+            if isinstance(plant, Plant):
+                real = getattr(plant.owner, plant.name)
+                fake = plant.fake(real) if plant.wrap else plant.fake
+                undo.append((plant.owner, plant.name, real))
+                setattr(plant.owner, plant.name, fake)
+        yield
+    finally:
+        for owner, name, real in reversed(undo):
+            setattr(owner, name, real)
+
+
+def with_swaps(sources: list[str], plants: Sequence[Plant | Swap]) -> list[str]:
+    """`sources` with every Swap applied; a swap must change exactly one line of
+    exactly one cell (a swap that changed nothing would compare a cell with itself)."""
+    out = list(sources)
+    for swap in (p for p in plants if isinstance(p, Swap)):
+        hits = [i for i, text in enumerate(out) if swap.old in text.splitlines()]
+        if len(hits) != 1:
+            raise ValueError(f"swap {swap.old!r}: in {len(hits)} cells, not one")
+        out[hits[0]] = swapped(out[hits[0]], (swap.old, swap.new))
+    return out
+
+
+def captured(run: Callable[[], object]) -> list[str]:
+    """The lines `run` printed (stdout and stderr), as a terminal shows them."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        run()
+    return split_lines(out.getvalue())
+
+
+def _close_figures() -> None:
+    import sys
+
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
+
+
+def run_cells(sources: list[str], namespace: dict[str, Any]) -> list[list[str]]:
+    """Run `sources` one after another in `namespace`; each cell's printed lines."""
+    outputs = []
+    for source in sources:
+        code = compile(source, "<cell>", "exec")
+        outputs.append(captured(lambda code=code: exec(code, namespace)))
+        _close_figures()
+    return outputs
+
+
+def _on_rank(prelude: str, programs: list[tuple[list[str], tuple, list[str]]]):
+    """On a rank, each program (its cells, plants, and the names its kernel cells
+    pull) in a new namespace with a `%%ranks` cell's names: each cell's printed
+    lines, and the values of the names to pull."""
+    found = []
+    for sources, plants, names in programs:
+        namespace: dict[str, Any] = {"__name__": "__main__"}
+        exec(cluster.NAMESPACE + prelude, namespace)
+        with planted(plants):
+            outputs = run_cells(sources, namespace)
+        found.append((outputs, {n: namespace[n] for n in names if n in namespace}))
+    return found
+
+
+@dataclass
+class Pulled:
+    """`ranks` for a chapter's kernel cells: `pull(name, rank)` reads what that
+    rank's cells left in the harness's run."""
+
+    values: list[dict[str, Any]]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.values)
+
+    def pull(self, name: str, rank: int = 0) -> Any:
+        return self.values[rank][name]
+
+
+@dataclass
+class Ran:
+    """The printed lines of each run, as written and under each fault."""
+
+    lines: dict[str, list[str]] = field(default_factory=dict)
+    world: int = 0  # the ranks that printed them ("[all ranks]" is each of them)
+    written_of: dict[str, str] = field(default_factory=dict)  # fault -> its baseline
+
+    def written(self, fault: str) -> list[str]:
+        return self.lines[self.written_of.get(fault, WRITTEN)]
+
+
+def positive(line: str) -> str:
+    """`line` with a failing verdict turned back into the passing one it replaces
+    (what the marker's regex matches): checks.verdict's "= 2.0e-01 > 1e-05: FAIL"
+    into "<= 1e-05: PASS", a last word FAIL or False into PASS or True."""
+    line = FAILED.sub(r"<= \1: PASS", line)
+    turned = {"FAIL": "PASS", "False": "True"}
+    return LAST_WORD.sub(lambda m: turned.get(m[1], m[1]), line)
+
+
+def failing(line: str) -> bool:
+    return bool(LAST_WORD.search(line)) and LAST_WORD.search(line)[1] in (
+        "FAIL",
+        "False",
+    )
+
+
+def by_printer(lines: list[str], world: int) -> dict[str, list[str]]:
+    """Each printer's lines, in order: a rank's ("[rank 1] ...", and every "[all
+    ranks] ..." line, which each of the `world` ranks printed), or this process's
+    (no tag)."""
+    out: dict[str, list[str]] = {}
+    for line in lines:
+        tag = RANK_TAG.match(line)
+        who = tag[1] if tag else "here"
+        if who == "all ranks":
+            printers = [f"rank {r}" for r in range(world)]
+        elif who.startswith("ranks "):
+            printers = [f"rank {r.strip()}" for r in who[6:].split(",")]
+        else:
+            printers = [who]
+        for printer in printers:
+            out.setdefault(printer, []).append(line)
+    return out
+
+
+def assert_flips(ran: Ran, fault: str, pattern: str, printed_on: str = "") -> None:
+    """The verdicts `pattern` matches: a PASS as written, a FAIL under `fault`.
+
+    A verdict is the k-th line matching `pattern` that each printer printed (the
+    same print on every rank): it fails if it says FAIL or False on some rank."""
+    if fault not in ran.lines:
+        raise KeyError(f"no fault {fault!r} was run: {sorted(ran.lines)}")
+    written = [ln for ln in ran.written(fault) if re.search(pattern, ln)]
+    if not printed_on:
+        assert [ln for ln in written if not failing(ln)], (
+            f"as written, no passing line matches {pattern!r}:\n"
+            + "\n".join(ran.written(fault))
+        )
+    planted = ran.lines[fault]
+    streams = [
+        [ln for ln in mine if re.search(pattern, positive(ln))]
+        for mine in by_printer(planted, ran.world).values()
+    ]
+    most = max(map(len, streams), default=0)
+    assert most, f"under {fault!r}, no line matches {pattern!r}:\n" + "\n".join(planted)
+    held = [
+        [s[k] for s in streams if k < len(s)]
+        for k in range(most)
+        if not any(failing(s[k]) for s in streams if k < len(s))
+    ]
+    assert not held, f"under {fault!r}, verdicts that still pass:\n" + "\n".join(
+        line for lines in held for line in lines
+    )
+
+
+@dataclass
+class Chapter:
+    """A notebook's cells, run by the harness: `setup`, the texts of the cells every
+    run starts with (imports, helpers), and `ranks` (default: the count its
+    `cluster.start(N)` writes; 0 runs every cell in this process)."""
+
+    stem: str
+    setup: Sequence[str] = ()
+    prelude: str = ""  # code each rank runs before the cells (imports)
+    here: str = ""  # code run here before the kernel cells (imports)
+    ranks: int | None = None
+    timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        nb = nbformat.read(BOOK / f"{self.stem}.ipynb", as_version=4)
+        self.sources = [c.source for c in nb.cells if c.cell_type == "code"]
+        if self.ranks is None:
+            self.ranks = bookrun.written_ranks(nb)
+
+    def cell(self, text: str) -> str:
+        """The one code cell whose source contains `text`."""
+        hits = [s for s in self.sources if text in s]
+        if len(hits) != 1:
+            raise ValueError(f"{self.stem}: {len(hits)} code cells contain {text!r}")
+        return hits[0]
+
+    def run(self, faults: dict[str, Fault]) -> Ran:
+        """Every distinct list of cells as written, and each fault: one spawn."""
+        runs: dict[str, tuple[list[str], tuple]] = {}
+        ran = Ran(world=self.ranks or 0)
+        baselines: dict[tuple[str, ...], str] = {}
+        for name, fault in faults.items():
+            cells = [self.cell(t) for t in (*self.setup, *fault.cells)]
+            key = tuple(fault.cells)
+            if key not in baselines:
+                baselines[key] = f"{WRITTEN} {len(baselines)}"
+                runs[baselines[key]] = (cells, ())
+            ran.written_of[name] = baselines[key]
+            runs[name] = (with_swaps(cells, fault.plants), fault.plants)
+        for name, lines in self._execute(runs).items():
+            ran.lines[name] = lines
+        return ran
+
+    def _execute(self, runs: dict[str, tuple[list[str], tuple]]) -> dict:
+        """Each run's lines: its rank cells on the ranks, then its kernel cells."""
+        split = {}
+        for name, (cells, plants) in runs.items():
+            ranked = [MAGIC.sub("", c, count=1) for c in cells if MAGIC.match(c)]
+            kernel = [c for c in cells if not MAGIC.match(c) or not self.ranks]
+            pulls = sorted({n for c in kernel for n in PULL.findall(c)})
+            split[name] = (ranked if self.ranks else [], plants, pulls, kernel)
+        per_rank = []
+        if self.ranks:
+            programs = [
+                (cells, plants, pulls) for cells, plants, pulls, _ in split.values()
+            ]
+            per_rank = spawn(
+                _on_rank, self.ranks, self.prelude, programs, timeout=self.timeout
+            )
+        found = {}
+        for i, (name, (_, plants, _, kernel)) in enumerate(split.items()):
+            outputs = list(zip(*(rank[i][0] for rank in per_rank), strict=True))
+            lines = [ln for cell in outputs for ln in folded(list(cell))]
+            if kernel:
+                namespace = {"__name__": "__main__"}
+                namespace["ranks"] = Pulled([rank[i][1] for rank in per_rank])
+                exec(self.here, namespace)
+                with planted(plants):
+                    lines += [ln for out in run_cells(kernel, namespace) for ln in out]
+            found[name] = lines
+        return found
+
+
+def folded(per_rank: list[list[str]]) -> list[str]:
+    """One output's lines on each rank, as `%%ranks` shows them: "[all ranks] ..."
+    where every rank printed the line, "[rank r] ..." where one did."""
+    return repr(RankOutput(per_rank)).splitlines()
+
+
+def _function_on_rank(fn: Callable, faults: list[tuple[str, tuple]], args: tuple):
+    out = {}
+    for name, plants in faults:
+        with planted(plants):
+            out[name] = captured(lambda: fn(*args))
+    return out
+
+
+def run_function(
+    fn: Callable[..., object],
+    faults: dict[str, Sequence[Plant]],
+    *args: object,
+    ranks: int = 0,
+    timeout: float = 60.0,
+) -> Ran:
+    """`fn(*args)` as written and under each fault's plants: what it printed, folded
+    across `ranks` spawned ranks as `%%ranks` shows it (0: in this process)."""
+    todo = [(WRITTEN, ()), *((name, tuple(p)) for name, p in faults.items())]
+    if ranks:
+        per_rank = spawn(_function_on_rank, ranks, fn, todo, args, timeout=timeout)
+        lines = {name: folded([r[name] for r in per_rank]) for name, _ in todo}
+    else:
+        lines = _function_on_rank(fn, todo, args)
+    return Ran(lines, world=ranks)
+
+
+def check(ran: Ran, fault: str, node: pytest.Item) -> None:
+    """`assert_flips` for each `pytest.mark.controls` marker of the test `node`."""
+    markers = list(node.iter_markers("controls"))
+    assert markers, f"{node.nodeid}: no pytest.mark.controls marker to check"
+    for marker in markers:
+        assert_flips(ran, fault, marker.args[1], marker.kwargs.get("printed_on", ""))
