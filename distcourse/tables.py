@@ -7,9 +7,13 @@ once, so the rules are the same everywhere: each column has a width and an align
 the rest of its line along (as an f-string's `{cell:>9}` does) rather than cutting.
 A line's last cell gets no padding on its right, so no line ends in spaces added here.
 Cells are formatted by the caller (`f"{ms:.2f}"`): the table only places text.
+
+`Table` holds the same rows for a notebook: it prints as that text and displays as
+an HTML table (the book shows tables as tables; nbval compares the text).
 """
 
 from collections.abc import Iterable, Sequence
+from html import escape
 
 ALIGNS = "<>^"
 
@@ -59,3 +63,91 @@ def _place(cell: str, how: str, width: int, last: bool) -> str:
         return f"{cell:{how}{width}}"
     left = max(width - len(cell), 0) // 2 if how == "^" else 0  # as format's "^"
     return " " * left + cell
+
+
+# ------------------------------------------------------------- tables as tables ----
+# The same rows, shown as an HTML table where a notebook or the book displays them,
+# and printed as the aligned text above everywhere else. Inline styles: JupyterLab
+# drops <style> elements of untrusted notebooks, not these; the book's CSS
+# (_static/custom.css, "dc-table") adds the rest.
+_TABLE_STYLE = (
+    "border-collapse:collapse;margin:0.25em 0;font-size:0.85em;"
+    "font-variant-numeric:tabular-nums"
+)
+_CELL_STYLE = (
+    "padding:0.2em 0.7em;white-space:pre;border-bottom:1px solid rgba(127,127,127,0.25)"
+)
+_HEAD_STYLE = _CELL_STYLE + ";font-weight:bold;border-bottom-width:2px"
+_SIDE = {"<": "left", ">": "right", "^": "center"}
+
+
+class Table:
+    """Rows of cells with a header: printed as `aligned` text, displayed as HTML.
+
+    In a notebook a Table shown as a cell's value (or with IPython's `display`) has
+    two forms: text/plain, the aligned text (what nbval compares, and what a
+    terminal shows), and text/html, a table whose cells never wrap. `print(table)`
+    and `str(table)` give the text alone, so a function that returned a text
+    table can return a Table and its callers keep working.
+
+    header: the column names. rows: the body; cells are formatted by the caller,
+    as for `aligned`. align: one of "<>^" per column ("<" where shorter), for both
+    forms. caption: a sentence above the table (text: its first line).
+    widths, gaps: the text form's layout, as `aligned` takes them.
+    """
+
+    def __init__(
+        self,
+        header: Sequence[object],
+        rows: Iterable[Sequence[object]],
+        align: str = "",
+        caption: str = "",
+        widths: Sequence[int] | None = None,
+        gaps: int | Sequence[int] = 2,
+    ) -> None:
+        self.header = tuple(str(cell) for cell in header)
+        self.rows = tuple(tuple(str(cell) for cell in row) for row in rows)
+        self.columns = max([len(self.header), *(len(r) for r in self.rows)])
+        self.align = align.ljust(self.columns, "<")
+        self.caption = caption
+        self.text = aligned([self.header, *self.rows], widths, self.align, gaps)
+
+    def __str__(self) -> str:
+        return f"{self.caption}\n{self.text}" if self.caption else self.text
+
+    __repr__ = __str__
+
+    def html(self) -> str:
+        """The text/html form: a <table class="dc-table"> with one <th> per column
+        and a data-label per cell (the column's name, for the phone layout)."""
+        head = "".join(
+            f'<th style="{_HEAD_STYLE};text-align:{_SIDE[a]}">{escape(h)}</th>'
+            for h, a in zip(self.header, self.align, strict=False)
+        )
+        body = []
+        for row in self.rows:
+            cells = []
+            for k, cell in enumerate(row):
+                # a short row (a total) lets its last cell span the columns left
+                span = self.columns - k if k == len(row) - 1 else 1
+                more = f' colspan="{span}"' if span > 1 else ""
+                label = self.header[k] if k < len(self.header) else ""
+                cells.append(
+                    f'<td{more} data-label="{escape(label)}" style="{_CELL_STYLE};'
+                    f'text-align:{_SIDE[self.align[k]]}">{escape(cell)}</td>'
+                )
+            body.append(f"<tr>{''.join(cells)}</tr>")
+        caption = (
+            f'<caption style="caption-side:top;text-align:left">'
+            f"{escape(self.caption)}</caption>"
+            if self.caption
+            else ""
+        )
+        return (
+            f'<div class="dc-table"><table style="{_TABLE_STYLE}">{caption}'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
+            "</table></div>"
+        )
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, str]:  # noqa: ANN001
+        return {"text/plain": str(self), "text/html": self.html()}

@@ -50,3 +50,40 @@ def test_bad_layouts_are_named() -> None:
     with pytest.raises(ValueError, match="1 gaps for rows of up to 3 cells"):
         tables.aligned([("a", "b", "c")], gaps=(1,))
     assert tables.aligned([]) == ""
+
+
+# --------------------------------------------------------------------- Table ----
+
+
+def test_a_table_prints_as_aligned_text_and_displays_as_html() -> None:
+    table = tables.Table(
+        ("layout", "step ms"), [("8x1x1", "1.50"), ("2x2x2", "12.25")], align="<>"
+    )
+    assert str(table) == tables.aligned(
+        [("layout", "step ms"), ("8x1x1", "1.50"), ("2x2x2", "12.25")],
+        align="<>",
+        gaps=2,
+    )
+    bundle = table._repr_mimebundle_()
+    assert bundle["text/plain"] == str(table)
+    html = bundle["text/html"]
+    assert html.startswith('<div class="dc-table"><table')
+    assert html.count("<th ") == 2 and html.count("<td ") == 4
+    # numbers right-aligned as in the text; every cell labelled with its column
+    assert 'data-label="step ms" style="' in html
+    assert "text-align:right\">12.25</td>" in html
+    assert "white-space:pre" in html  # a cell never wraps
+
+
+def test_a_table_escapes_its_cells_and_shows_its_caption_in_both_forms() -> None:
+    table = tables.Table(("op",), [("<all_reduce>",)], caption="one & two")
+    assert str(table).splitlines() == ["one & two", "op", "<all_reduce>"]
+    html = table.html()
+    assert "&lt;all_reduce&gt;" in html and "<all_reduce>" not in html
+    assert ">one &amp; two</caption>" in html
+
+
+def test_a_short_row_spans_the_columns_left() -> None:
+    table = tables.Table(("a", "b", "c"), [("1", "2", "3"), ("total 6",)])
+    assert '<td colspan="3" data-label="a"' in table.html()
+    assert str(table).splitlines()[-1] == "total 6"

@@ -17,20 +17,22 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from distcourse.global_tensor.boxing import FORMULAS
-from distcourse.viz.common import finish
+from distcourse.viz.common import SMALL, finish, styled
 
 
+@styled
 def with_formulas(collectives: str) -> str:
     """'reduce_scatter + all_reduce' -> each collective followed by its formula."""
     parts = collectives.split(" + ")
     return " + ".join(f"{c} {FORMULAS[c]}" if c in FORMULAS else c for c in parts)
 
 
+@styled
 def conversion_bytes(costs: Sequence[Any], title: str = "") -> Figure:
     """Paired horizontal bars, one pair per conversion: forward (top) and
     backward (bottom) bytes, labelled with the collective and the gradient's
     signatures (dy arriving -> gradient leaving)."""
-    fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(costs) + 1.2))
+    fig, ax = plt.subplots(figsize=(6.8, 0.55 * len(costs) + 1.2))
     top = max([1] + [max(c.forward_bytes, c.backward_bytes) for c in costs])
     names = []
     for i, c in enumerate(costs):
@@ -55,14 +57,14 @@ def conversion_bytes(costs: Sequence[Any], title: str = "") -> Figure:
             y + 0.18,
             with_formulas(c.forward),
             va="center",
-            fontsize=8,
+            fontsize=SMALL,
         )
         ax.text(
             c.backward_bytes + top * 0.01,
             y - 0.18,
             f"dy {c.arrives} -> {c.grad}: {with_formulas(c.backward)}",
             va="center",
-            fontsize=8,
+            fontsize=SMALL,
         )
     ax.set_yticks(range(len(costs)), list(reversed(names)))
     ax.set_xlim(0, top * 2.3)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from distcourse.viz.common import finish
+from distcourse.viz.common import SMALL, finish, styled
 
 
 def _matrix(ax: plt.Axes, rows: Sequence[Sequence[int]], title: str) -> None:
@@ -18,9 +18,10 @@ def _matrix(ax: plt.Axes, rows: Sequence[Sequence[int]], title: str) -> None:
     for i, row in enumerate(rows):
         for j, value in enumerate(row):
             ax.text(j, i, str(value), ha="center", va="center", fontsize=9)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title)
 
 
+@styled
 def dispatch_matrix(
     sent: Sequence[Sequence[int]], experts: Sequence[Sequence[int]], title: str = ""
 ) -> Figure:
@@ -38,8 +39,8 @@ def dispatch_matrix(
     )
     for ax, (rows, what, to, frm) in zip(axes, panels, strict=True):
         _matrix(ax, rows, what)
-        ax.set_xticks(range(n), to, fontsize=7)
-        ax.set_yticks(range(n), frm, fontsize=7)
+        ax.set_xticks(range(n), to, fontsize=SMALL)
+        ax.set_yticks(range(n), frm, fontsize=SMALL)
         ax.set_xlabel("to")
         ax.set_ylabel("from")
     if title:
@@ -47,6 +48,7 @@ def dispatch_matrix(
     return finish(fig, axes[0], "")  # each panel has its title already
 
 
+@styled
 def expert_load(
     load: Sequence[int], served: Sequence[int], capacity: int, title: str = ""
 ) -> Figure:
@@ -68,5 +70,5 @@ def expert_load(
     ax.axhline(capacity, color="C3", ls="--", lw=1, label=f"capacity {capacity}")
     ax.set_xticks(list(experts), [f"expert {e}" for e in experts])
     ax.set_ylabel("token assignments")
-    ax.legend(frameon=False, fontsize=8)
+    ax.legend(frameon=False)
     return finish(fig, ax, title)

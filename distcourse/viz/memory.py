@@ -10,9 +10,10 @@ from collections.abc import Mapping, Sequence
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from distcourse.viz.common import finish
+from distcourse.viz.common import finish, styled
 
 
+@styled
 def loss_curves(curves: Mapping[str, Sequence[float]], title: str = "") -> Figure:
     """One line per run: the loss at each step."""
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
@@ -26,6 +27,7 @@ def loss_curves(curves: Mapping[str, Sequence[float]], title: str = "") -> Figur
     return finish(fig, ax, title)
 
 
+@styled
 def memory_stacks(
     bars: Mapping[str, Mapping[str, float]],
     unit: str = "GB",
@@ -34,7 +36,7 @@ def memory_stacks(
 ) -> Figure:
     """A bar per name, its kinds stacked in order; `limit` (e.g. a GPU's memory)
     drawn as a dashed line."""
-    fig, ax = plt.subplots(figsize=(1.4 * len(bars) + 3, 3.6))
+    fig, ax = plt.subplots(figsize=(min(6.6, 0.9 * len(bars) + 2.4), 3.6))
     kinds = list(next(iter(bars.values())))
     bottoms = [0.0] * len(bars)
     for kind in kinds:
@@ -44,5 +46,7 @@ def memory_stacks(
     if limit is not None:
         ax.axhline(limit, ls="--", color="0.3", lw=1)
     ax.set_ylabel(unit)
-    ax.legend(fontsize="small")
+    if len(bars) > 5:  # names side by side would collide
+        ax.tick_params(axis="x", labelrotation=30)
+    ax.legend()
     return finish(fig, ax, title)

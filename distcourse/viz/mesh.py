@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
 
-from distcourse.viz.common import finish
+from distcourse.viz.common import SMALL, finish, styled
 
 _AXIS_COLORS = {"dp": "C0", "pp": "C2", "tp": "C1"}
 
@@ -32,6 +32,7 @@ def _route(points: list[tuple[float, float]], lift: float) -> list[tuple[float, 
     return [(xs[0], ys[0]), (xs[0], top), (xs[-1], top), (xs[-1], ys[-1])]
 
 
+@styled
 def groups_of(shape: Sequence[int], axis: int) -> list[list[int]]:
     """The ranks of each group along `axis` of a mesh `arange(world).view(shape)`."""
     grid = torch.arange(int(torch.tensor(shape).prod())).view(*shape)
@@ -39,6 +40,7 @@ def groups_of(shape: Sequence[int], axis: int) -> list[list[int]]:
     return moved.tolist()
 
 
+@styled
 def mesh_groups(
     shape: Sequence[int],
     names: Sequence[str],
@@ -60,7 +62,7 @@ def mesh_groups(
     coords = [tuple(int(c) for c in cs) for cs in coords]
     pad = (1,) * (3 - len(shape)) + shape
     where = {r: _position((0,) * (3 - len(c)) + c, pad) for r, c in enumerate(coords)}
-    fig, axes = plt.subplots(1, len(names), figsize=(3.4 * len(names), 2.8))
+    fig, axes = plt.subplots(1, len(names), figsize=(3.0 * len(names), 2.8))
     axes = [axes] if len(names) == 1 else list(axes)
     for k, (ax, name) in enumerate(zip(axes, names, strict=True)):
         color = _AXIS_COLORS.get(name, f"C{k + 3}")
@@ -77,7 +79,7 @@ def mesh_groups(
                 ha="center",
                 va="center",
                 zorder=2,
-                fontsize=8,
+                fontsize=SMALL,
                 bbox=dict(boxstyle="round", fc="white", ec="0.4"),
             )
         many = "s" if len(found) > 1 else ""
@@ -93,6 +95,7 @@ def mesh_groups(
     return finish(fig, axes[-1], "")
 
 
+@styled
 def axis_bytes(
     measured: dict[str, dict[str, int]],
     formula: dict[str, dict[str, int]],
@@ -119,17 +122,18 @@ def axis_bytes(
         ax.scatter(labels, tops, marker="_", s=900, color="black", zorder=3)
     ax.scatter([], [], marker="_", s=200, color="black", label="formula")
     ax.set_ylabel("KiB sent per step by a rank")
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(True, axis="y", alpha=0.3)
     return finish(fig, ax, title)
 
 
+@styled
 def layout_costs(rows: Sequence[dict], title: str = "") -> Figure:
     """Every layout of one world side by side: step time (left) and the memory of
     its fullest rank, model state and activations stacked (right). `rows` as
     `bench.hybrid.measure` gives them; the fastest layout's bar is outlined."""
     names = [r["layout"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 3.4))
     fastest = min(range(len(rows)), key=lambda i: rows[i]["step_ms"])
     bars = left.bar(names, [r["step_ms"] for r in rows], color="0.6")
     bars[fastest].set(color="C2", edgecolor="black")
@@ -144,7 +148,7 @@ def layout_costs(rows: Sequence[dict], title: str = "") -> Figure:
         label="activations (peak)",
     )
     right.set(ylabel="KiB on the fullest rank", xlabel="dp x pp x tp")
-    right.legend(fontsize="small")
+    right.legend()
     for ax in (left, right):
         ax.tick_params(axis="x", labelrotation=45)
         ax.grid(True, axis="y", alpha=0.3)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from distcourse.viz.common import finish
+from distcourse.viz.common import finish, styled
 
 KINDS = ("parameters", "gradients", "optimizer state")
 _COLORS = ("C0", "C1", "C2")
@@ -23,10 +23,11 @@ STAGES = {
 _WIDTH = (1.0, 1.0, 2.0)  # fp32 AdamW: 4, 4 and 8 bytes per parameter
 
 
+@styled
 def who_holds(world: int) -> Figure:
     """A panel per stage; a row per rank; each kind a bar as long as its bytes, drawn
     whole where every rank holds all of it, as the rank's 1/N slice where sharded."""
-    fig, axes = plt.subplots(1, len(STAGES), figsize=(3.2 * len(STAGES), 2.6))
+    fig, axes = plt.subplots(1, len(STAGES), figsize=(2.3 * len(STAGES), 2.4))
     for ax, (stage, sharded) in zip(axes, STAGES.items(), strict=True):
         for rank in range(world):
             start = 0.0
@@ -48,6 +49,7 @@ def who_holds(world: int) -> Figure:
     return fig
 
 
+@styled
 def memory_for_communication(
     names: Sequence[str], held: Sequence[int], sent: Sequence[int], title: str = ""
 ) -> Figure:
@@ -63,6 +65,7 @@ def memory_for_communication(
     return finish(fig, ax, title)
 
 
+@styled
 def bytes_against_ranks(
     worlds: Sequence[int],
     measured: dict[str, Sequence[int]],
@@ -79,5 +82,5 @@ def bytes_against_ranks(
     ax.set_xlabel("ranks N")
     ax.set_ylabel("bytes held per rank (dots: measured)")
     ax.set_ylim(0, 1.1 * max(max(v) for v in formula.values()))
-    ax.legend(fontsize=8)
+    ax.legend()
     return finish(fig, ax, title)

@@ -13,7 +13,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from distcourse.viz.common import label
+from distcourse.viz.common import SMALL, label, styled
 
 
 def _draw_ranks(ax: plt.Axes, rows: list[list[float]], norm: Normalize) -> None:
@@ -36,6 +36,7 @@ def _draw_ranks(ax: plt.Axes, rows: list[list[float]], norm: Normalize) -> None:
         side.set_visible(False)
 
 
+@styled
 def rank_tensors(
     before: Sequence[torch.Tensor], after: Sequence[torch.Tensor], title: str = ""
 ) -> Figure:
@@ -80,7 +81,7 @@ def _blocks(
             Rectangle((x, y), w, h, facecolor=color, alpha=0.45, edgecolor="k")
         )
         text = owner.replace(" ", "\n") if rank.isdigit() else fill(owner, 14)
-        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize="small")
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=SMALL)
     ax.set_xlim(0, cols)
     ax.set_ylim(rows, 0)  # row 0 on top, as a matrix is written
     ax.set_aspect("equal")
@@ -89,6 +90,7 @@ def _blocks(
     ax.set_title(title, fontsize="medium")
 
 
+@styled
 def tp_layout(
     n: int,
     tokens: int = 4,
@@ -104,7 +106,7 @@ def tp_layout(
         raise ValueError(f"n must be a positive number of ranks, got {n}")
     ranks = [f"rank {r}" for r in range(n)]
     x, w, y = (tokens, in_features), (out_features, in_features), (tokens, out_features)
-    fig, axes = plt.subplots(2, 3, figsize=(8, 5))
+    fig, axes = plt.subplots(2, 3, figsize=(6.8, 4.4))
     panels = [
         (x, ["all ranks"], 0, "X (tokens, in): whole"),
         (w, ranks, 0, "W (out, in): rows split"),
@@ -124,6 +126,7 @@ def tp_layout(
     return fig
 
 
+@styled
 def sbp_pieces(pieces: dict[str, Sequence[torch.Tensor]], title: str = "") -> Figure:
     """What each rank holds of one logical 2-D tensor: a row per signature (name ->
     the ranks' local tensors, in rank order), one colour scale for all, so split,
@@ -134,7 +137,7 @@ def sbp_pieces(pieces: dict[str, Sequence[torch.Tensor]], title: str = "") -> Fi
     lo, hi = (values.min().item(), values.max().item()) if values.numel() else (0, 1)
     n = max(len(ts) for ts in pieces.values())
     fig, axes = plt.subplots(
-        len(pieces), n, figsize=(1.9 * n, 1.9 * len(pieces)), squeeze=False
+        len(pieces), n, figsize=(1.65 * n, 1.65 * len(pieces)), squeeze=False
     )
     for row, (name, ts) in zip(axes, pieces.items(), strict=True):
         row[0].set_ylabel(name)
@@ -146,7 +149,9 @@ def sbp_pieces(pieces: dict[str, Sequence[torch.Tensor]], title: str = "") -> Fi
                 grid = grid.tolist()
                 for i, line in enumerate(grid):
                     for j, v in enumerate(line):
-                        ax.text(j, i, f"{v:g}", ha="center", va="center", fontsize=7)
+                        ax.text(
+                            j, i, f"{v:g}", ha="center", va="center", fontsize=SMALL
+                        )
     fig.suptitle(title)
     fig.tight_layout()
     plt.close(fig)  # the caller displays it

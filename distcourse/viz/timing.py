@@ -11,9 +11,10 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from distcourse.trace import Event, as_events
-from distcourse.viz.common import finish
+from distcourse.viz.common import SMALL, finish, styled
 
 
+@styled
 def cost_plot(
     sizes: Sequence[float],
     measured: dict[str, Sequence],
@@ -42,7 +43,7 @@ def cost_plot(
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("time (s)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+    ax.legend()
     return finish(fig, ax, title)
 
 
@@ -53,6 +54,7 @@ _COMPUTE = ("forward", "backward", "wait")  # drawn on one row: what the rank do
 _KIND_COLORS = {"forward": "C0", "backward": "C2", "wait": "C3", "all_reduce": "C1"}
 
 
+@styled
 def timeline(
     events: Sequence[Event | tuple[str, float, float]], title: str = ""
 ) -> Figure:
@@ -96,10 +98,11 @@ def timeline(
     ax.set_xlabel("time since the step started (ms)")
     ax.grid(True, axis="x", alpha=0.3)
     if spans:
-        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     return finish(fig, ax, title)
 
 
+@styled
 def hidden_sweep(
     caps_mb: Sequence[float], shares: Sequence[Sequence[float]], title: str = ""
 ) -> Figure:
@@ -128,50 +131,75 @@ def hidden_sweep(
     ax.set_ylabel("all-reduce time hidden (%)")
     ax.set_ylim(0, 100)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+    ax.legend()
     return finish(fig, ax, title)
 
 
 # ------------------------------------------------------ tensor-parallel layout ----
 
 
+def draw_actions(
+    ax: plt.Axes,
+    per_rank: Sequence[Sequence[tuple[str, int, float, float]]],
+    stages_per_rank: int = 1,
+) -> None:
+    """Pipeline actions as bars, one row per rank, rank 0 on top: each item is
+    (kind, micro-batch, start, end) with kind "F", "B" or "W" (forwards blue,
+    backwards orange, ZB-H1's weight gradients green; a rank's later stages in a
+    lighter shade when `stages_per_rank` > 1, kind then "F1" for its second
+    stage). A bar wide enough for it carries its micro-batch's number."""
+    ends = [end for acts in per_rank for *_, end in acts]
+    starts = [start for acts in per_rank for _, _, start, _ in acts]
+    span = (max(ends) - min(starts)) if ends else 1.0
+    for r, actions in enumerate(per_rank):
+        for kind, micro, start, end in actions:
+            later = len(kind) > 1 and kind[1:] != "0"
+            ax.barh(
+                r,
+                end - start,
+                left=start,
+                height=0.7,
+                color={"F": "C0", "B": "C1"}.get(kind[0], "C2"),
+                alpha=0.55 if later else 1.0,
+                edgecolor="white",
+            )
+            if (end - start) >= 0.022 * span:  # room for a digit or two
+                ax.text(
+                    (start + end) / 2,
+                    r,
+                    str(micro),
+                    ha="center",
+                    va="center",
+                    fontsize=SMALL,
+                    color="black" if later else "white",
+                )
+    ax.set_yticks(range(len(per_rank)))
+    ax.set_yticklabels([f"rank {r}" for r in range(len(per_rank))])
+    ax.set_ylim(len(per_rank) - 0.5, -0.5)
+    ax.grid(True, axis="x", alpha=0.3)
+
+
+@styled
 def gantt(
     per_rank: Sequence[Sequence[Event | tuple[str, float, float]]], title: str = ""
 ) -> Figure:
-    """A pipeline step: one row per rank, a bar per action, labelled with its
-    micro-batch. Events are named "F stage micro", "B stage micro" or "W stage micro"
-    (as `parallel.pipeline` records them); forwards blue, backwards orange, weight
-    gradients (ZB-H1's W) green, and with several stages per rank, each later stage
-    a lighter shade."""
+    """A pipeline step as it ran: one row per rank, a bar per action, labelled with
+    its micro-batch (`draw_actions`). Events are named "F stage micro", "B stage
+    micro" or "W stage micro" (as `parallel.pipeline` records them), in seconds."""
     ranks = [as_events(evs) for evs in per_rank]
     t0 = min((e.start for evs in ranks for e in evs), default=0.0)
-    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.5 * len(ranks)))
-    for r, evs in enumerate(ranks):
+    n = len(ranks)
+    bars = []
+    for evs in ranks:
+        row = []
         for e in evs:
             kind, stage, micro = e.name.split()
-            shade = 1.0 - 0.45 * (int(stage) // len(ranks) > 0)
-            color = {"F": "C0", "B": "C1"}.get(kind, "C2")  # W (ZB-H1): green
-            ax.barh(
-                r,
-                1e3 * e.seconds,
-                left=1e3 * (e.start - t0),
-                height=0.7,
-                color=color,
-                alpha=shade,
-                edgecolor="white",
+            shade = str(int(stage) // n) if n else "0"
+            row.append(
+                (kind + shade, int(micro), 1e3 * (e.start - t0), 1e3 * (e.end - t0))
             )
-            ax.text(
-                1e3 * (e.start - t0 + e.seconds / 2),
-                r,
-                micro,
-                ha="center",
-                va="center",
-                fontsize=7,
-                color="white",
-            )
-    ax.set_yticks(range(len(ranks)))
-    ax.set_yticklabels([f"rank {r}" for r in range(len(ranks))])
-    ax.set_ylim(len(ranks) - 0.5, -0.5)
+        bars.append(row)
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.5 * len(ranks)))
+    draw_actions(ax, bars)
     ax.set_xlabel("time since the step started (ms)")
-    ax.grid(True, axis="x", alpha=0.3)
     return finish(fig, ax, title)

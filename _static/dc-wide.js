@@ -1,0 +1,49 @@
+/* Wide outputs (distcourse). A per-rank grid (div.dc-ranks, launch/columns.py) or a
+   table (div.dc-table, tables.Table) whose lines do not fit the text column, and a
+   figure made wide (figure.dc-wide, viz.figure(..., wide=True)), take the page's
+   full width: 136 % of the column, as sphinx-book-theme's full-width content does
+   (_static/custom.css, "dc-wide"). While one is in view the right-hand contents
+   fold to their title, and unfold on hover. Only in windows of 1200 px and more,
+   where the contents sidebar is shown; narrower, everything keeps the column.
+   tests/test_book_browser.py checks what this lays out. */
+(() => {
+  "use strict";
+  const wideWindow = window.matchMedia("(min-width: 1200px)");
+
+  // a table's width with no line wrapped
+  function natural(table) {
+    const before = table.style.width;
+    table.style.width = "max-content";
+    const width = table.getBoundingClientRect().width;
+    table.style.width = before;
+    return width;
+  }
+
+  function widen() {
+    const boxes = document.querySelectorAll(
+      ".bd-article div.dc-ranks, .bd-article div.dc-table");
+    for (const box of boxes) {
+      const table = box.querySelector("table");
+      if (table && wideWindow.matches && natural(table) > box.clientWidth + 1) {
+        box.classList.add("dc-wide");
+      }
+    }
+  }
+
+  function foldContents() {
+    const seen = new Set();
+    const watch = new IntersectionObserver((entries) => {
+      for (const entry of entries) {
+        if (entry.isIntersecting) seen.add(entry.target);
+        else seen.delete(entry.target);
+      }
+      document.body.classList.toggle("dc-wide-in-view", seen.size > 0);
+    }, { rootMargin: "0px 0px -20% 0px" });
+    document.querySelectorAll(".bd-article .dc-wide").forEach((e) => watch.observe(e));
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    widen();
+    foldContents();
+  });
+})();
