@@ -41,3 +41,38 @@ def test_plot_draws_both_modes() -> None:
         "strong scaling: fixed global batch",
         "weak scaling: fixed per-rank batch",
     ]
+
+
+def test_the_gap_splits_into_work_that_does_not_shrink_and_communication() -> None:
+    """2 ranks take 0.3 s a step against an ideal 0.2 (one rank's 0.4 / 2); under
+    no_sync 0.25: 0.05 s of the gap is work that does not shrink with the batch,
+    0.05 s what communication adds; the all-reduce alone took 0.04."""
+    cfg = scaling.Config(global_batch=8, per_rank=2)
+    times = {
+        1: {"strong": [0.4] * 3, "weak": [0.1] * 3},
+        2: {
+            "strong": [0.3] * 3,
+            "weak": [0.1] * 3,
+            "no communication": [0.25] * 3,
+            "all-reduce alone": [0.04] * 3,
+        },
+    }
+    got = scaling.gap(scaling.summarize(times, cfg))
+    want = dict(
+        step=300,
+        ideal=200,
+        gap=100,
+        without_communication=50,
+        communication=50,
+        all_reduce_alone=40,
+    )
+    assert got == pytest.approx(want)
+
+
+def test_a_quick_run_times_the_gaps_parts() -> None:
+    rows = scaling.run(scaling.QUICK)
+    got = scaling.gap(rows)
+    assert got["step"] > 0 and got["all_reduce_alone"] > 0
+    assert got["gap"] == pytest.approx(
+        got["without_communication"] + got["communication"]
+    )

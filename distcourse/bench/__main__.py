@@ -8,7 +8,7 @@ import sys
 
 import distcourse.bench as package
 
-NOT_BENCHMARKS = {"__main__", "common"}  # this runner, shared command-line pieces
+NOT_BENCHMARKS = {"__main__", "common", "record"}  # this runner, shared pieces
 
 
 def available() -> list[str]:

@@ -6,6 +6,12 @@ as 1/N. Weak scaling keeps the per-rank batch fixed (the global batch grows with
 the ideal step time stays flat, so throughput grows N-fold. The all-reduce, and on
 a machine with fewer cores than ranks the sharing of cores, keep both from ideal.
 Every step time is the slowest rank's (a step ends when the last rank is done).
+
+What keeps strong scaling from ideal is split in two, in the same rounds: the step
+under `no_sync()` (no gradient communication at all: what does not shrink with the
+batch, as the optimizer step over every parameter and each weight read in forward
+and backward) and the all-reduce of the gradients' bytes alone (`dist.all_reduce`
+of one flat tensor of 4P bytes), each a median of the slowest rank's times.
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from distcourse import runtime, tables
-from distcourse.bench import common
+from distcourse.bench import common, record
 from distcourse.clock import DeviceTimer
 from distcourse.examples import models
 from distcourse.launch import spawn
 
+NAME = "ch03b_scaling"  # the stored run chapter 3b prints (bench.record)
 MODES = ("strong", "weak")
+PARTS = {"no_sync_ms": "no communication", "all_reduce_ms": "all-reduce alone"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,11 @@ def _measure(cfg: Config) -> dict[str, list[float]]:
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     times = {}
+    grads = torch.zeros(models.count_parameters(model), device=device)
+    steps = {
+        "no communication": lambda x, y: _step(ddp, optimizer, x, y, sync=False),
+        "all-reduce alone": lambda x, y: dist.all_reduce(grads),
+    }
     for mode in MODES:
         batch = cfg.global_batch // world if mode == "strong" else cfg.per_rank
         x = torch.randn(batch, cfg.d_in).to(device)
@@ -72,7 +85,34 @@ def _measure(cfg: Config) -> dict[str, list[float]]:
             if i >= cfg.warmup:
                 spent[i - cfg.warmup] = timer.seconds(start, timer.stamp())
         times[mode] = common.slowest(spent).tolist()
+        if mode == "strong":  # the gap's two parts, on the same batch
+            for part, step in steps.items():
+                times[part] = _timed(lambda: step(x, y), cfg)  # noqa: B023
     return times
+
+
+def _step(ddp: DistributedDataParallel, optimizer, x, y, sync: bool) -> None:  # noqa: ANN001
+    """One training step; without `sync` under no_sync(): no gradient all-reduce."""
+    optimizer.zero_grad()
+    if sync:
+        F.cross_entropy(ddp(x), y).backward()
+    else:
+        with ddp.no_sync():
+            F.cross_entropy(ddp(x), y).backward()
+    optimizer.step()
+
+
+def _timed(step, cfg: Config) -> list[float]:  # noqa: ANN001
+    """The slowest rank's seconds of `step()`, cfg.steps times after the warm-up."""
+    spent = torch.zeros(cfg.steps, dtype=torch.float64)
+    timer = DeviceTimer()
+    for i in range(cfg.warmup + cfg.steps):
+        dist.barrier()
+        start = timer.stamp()
+        step()
+        if i >= cfg.warmup:
+            spent[i - cfg.warmup] = timer.seconds(start, timer.stamp())
+    return common.slowest(spent).tolist()
 
 
 def summarize(times: dict[int, dict[str, list[float]]], cfg: Config) -> list[dict]:
@@ -93,6 +133,11 @@ def summarize(times: dict[int, dict[str, list[float]]], cfg: Config) -> list[dic
             if base is not None:
                 samples = 1 if mode == "strong" else world
                 speedup = samples * base / median
+            parts = {
+                key: 1000 * statistics.median(by_mode[part])
+                for key, part in PARTS.items()
+                if mode == "strong" and part in by_mode
+            }
             rows.append(
                 dict(
                     mode=mode,
@@ -103,6 +148,7 @@ def summarize(times: dict[int, dict[str, list[float]]], cfg: Config) -> list[dic
                     median_ms=1000 * median,
                     q3_ms=1000 * q3,
                     speedup=speedup,
+                    **parts,
                 )
             )
     return rows
@@ -127,7 +173,24 @@ def run(cfg: Config) -> list[dict]:
 
 def _median_sum(by_mode: dict[str, list[float]]) -> float:
     """One round's summary, for choosing between rounds: the sum of mode medians."""
-    return sum(statistics.median(t) for t in by_mode.values())
+    return sum(statistics.median(by_mode[mode]) for mode in MODES)
+
+
+def gap(rows: list[dict], world: int = 2) -> dict[str, float]:
+    """Strong scaling on `world` ranks against ideal (one rank's step / world), in
+    ms: the gap, the part without communication (the no_sync step over ideal),
+    the part communication adds (the step over the no_sync step) and the
+    all-reduce of the gradients alone."""
+    strong = {r["ranks"]: r for r in rows if r["mode"] == "strong"}
+    mine, ideal = strong[world], strong[1]["median_ms"] / world
+    return dict(
+        step=mine["median_ms"],
+        ideal=ideal,
+        gap=mine["median_ms"] - ideal,
+        without_communication=mine["no_sync_ms"] - ideal,
+        communication=mine["median_ms"] - mine["no_sync_ms"],
+        all_reduce_alone=mine["all_reduce_ms"],
+    )
 
 
 def format_table(rows: list[dict], speedup: bool = True) -> str:
@@ -144,11 +207,39 @@ def format_table(rows: list[dict], speedup: bool = True) -> str:
     )
 
 
+def gap_line(g: dict[str, float]) -> str:
+    """`gap`'s numbers as one line (every number in ms, which the book masks)."""
+    return (
+        f"{g['step']:.2f} ms a step against an ideal {g['ideal']:.2f} ms: "
+        f"{g['gap']:.2f} ms more, {g['without_communication']:.2f} ms of it with no "
+        f"communication at all (no_sync), {g['communication']:.2f} ms what "
+        f"communication adds (the gradients' all-reduce alone: "
+        f"{g['all_reduce_alone']:.2f} ms)"
+    )
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m distcourse.bench scaling")
     parser.add_argument("--quick", action="store_true", help="tiny model, few steps")
-    cfg = QUICK if parser.parse_args(argv).quick else Config()
-    print(format_table(run(cfg)))
+    parser.add_argument("--store", action="store_true", help=f"write {NAME}.json")
+    parser.add_argument("--keep-busy", action="store_true", help="store it flagged")
+    args = parser.parse_args(argv)
+    cfg = QUICK if args.quick else Config()
+    with record.Quiet() as quiet:
+        rows = run(cfg)
+    print(format_table(rows))
+    print(f"strong, 2 ranks: {gap_line(gap(rows))}")
+    if args.store:
+        where = record.store(
+            NAME,
+            dict(rows=rows),
+            quiet,
+            keep_busy=args.keep_busy,
+            ranks=list(cfg.worlds),
+            threads_per_rank=1,
+            command=record.command_line(),
+        )
+        print(f"stored {where}")
     return 0
 
 

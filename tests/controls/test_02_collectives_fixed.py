@@ -33,6 +33,7 @@ def _times(name: str) -> list[float]:
     "02_collectives",
     r"2 ranks, (naive|ring |tree ).*held-out sizes within a factor 3",
     fault="a model with no beta term (time that does not grow with the bytes)",
+    printed_on="a stored quiet run (book/measurements/ch02_alpha_beta.json)",
 )
 @pytest.mark.parametrize("name", ["ring", "naive", "tree"])
 def test_a_beta_free_model_fails_the_held_out_sizes(name: str) -> None:

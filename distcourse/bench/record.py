@@ -1,0 +1,242 @@
+"""Benchmark runs stored with their provenance, for the chapters to judge.
+
+A chapter's timing claim (chapter 3's all-reduces hidden behind backward, chapter 5's
+pipelined split beating the naive one, chapter 2's alpha-beta model breaking where
+ranks share cores) shows only where every rank has a core of its own: on a 2-core
+machine, 2 ranks of one thread each, and nothing else running. A notebook run on a
+reader's laptop, or beside a test suite, shares its cores with other programs, and
+what it measures is the sharing. So each claim is judged on a run stored in
+`book/measurements/` with where and how it was measured, and the chapter prints the
+run it has just made beside it, masked, as what this machine gives now.
+
+`Quiet` watches a run: the machine's load average before it, and the processor time
+everything else on the machine took while it ran (from /proc/stat, less what this
+process and its children used). `store` refuses a run above `LOAD_PER_CORE` of either,
+unless told to keep it flagged (`quiet: false` in its provenance, which every verdict
+reads as a failure). `load` reads a stored run back; `missing` is the line a chapter
+prints where none is stored yet.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+
+MEASUREMENTS = Path(__file__).resolve().parents[2] / "book" / "measurements"
+LOAD_PER_CORE = 0.5  # the most load average, and others' processor use, a core
+
+
+class NotQuiet(RuntimeError):
+    """A run measured on a busy machine was offered as a stored reference."""
+
+
+def _busy_seconds() -> float | None:
+    """Seconds all processors have spent busy since boot (/proc/stat), or None."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    ticks = [int(v) for v in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_seconds() -> float:
+    """Processor seconds of this process and of its children that have ended."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@dataclass
+class Quiet:
+    """`with Quiet() as q: run()`; then `q.provenance()`: how busy the machine was.
+
+    `others` is the processor time that did not belong to this process or its
+    children, in cores, averaged over the run: 0 on an idle machine. Children must
+    have ended (joined) when the block ends for their time to count as ours.
+    """
+
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    load_before: tuple[float, ...] = ()
+    load_after: tuple[float, ...] = ()
+    others: float | None = None
+    seconds: float = 0.0
+
+    def __enter__(self) -> Quiet:
+        self.load_before = tuple(round(v, 2) for v in os.getloadavg())
+        self._start = (time.monotonic(), _busy_seconds(), _own_seconds())
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        wall0, busy0, own0 = self._start
+        self.seconds = time.monotonic() - wall0
+        busy1 = _busy_seconds()
+        self.load_after = tuple(round(v, 2) for v in os.getloadavg())
+        if busy0 is not None and busy1 is not None and self.seconds > 0:
+            theirs = (busy1 - busy0) - (_own_seconds() - own0)
+            self.others = round(max(theirs, 0.0) / self.seconds, 3)
+
+    def problems(self, limit: float = LOAD_PER_CORE) -> list[str]:
+        """Why this run is not quiet (an empty list: it is)."""
+        found = []
+        if self.load_before and self.load_before[0] > limit * self.cores:
+            found.append(
+                f"load average {self.load_before[0]} before the run on {self.cores} "
+                f"cores (at most {limit} a core)"
+            )
+        if self.others is not None and self.others > limit * self.cores:
+            found.append(
+                f"other programs used {self.others:.2f} cores during the run "
+                f"(at most {limit} a core)"
+            )
+        return found
+
+    def provenance(self, **run: Any) -> dict[str, Any]:
+        """Where, when and how quietly this run was measured, with `run`'s fields
+        (ranks, threads per rank, command, ...)."""
+        return dict(
+            date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            machine=_machine(),
+            cores=self.cores,
+            load_average_before=list(self.load_before),
+            load_average_after=list(self.load_after),
+            other_programs_cores=self.others,
+            quiet=not self.problems(),
+            seconds=round(self.seconds, 1),
+            torch=torch.__version__,
+            python=platform.python_version(),
+            commit=_commit(),
+            **run,
+        )
+
+
+def _machine() -> str:
+    """The processor's model and the system, e.g. 'AMD EPYC 7B13, Linux x86_64'."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {platform.system()} {platform.machine()}"
+
+
+def _commit() -> str:
+    """The repository's commit, with '+changes' where the tree differs, or ''."""
+    root = MEASUREMENTS.parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return f"{head}+changes" if head and dirty else head
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A stored run: what it measured (`data`) and where and how (`provenance`)."""
+
+    name: str
+    data: dict[str, Any]
+    provenance: dict[str, Any]
+
+    def describe(self) -> str:
+        """One line: the machine, cores, ranks, load and date of the run."""
+        p = self.provenance
+        load = p.get("load_average_before") or ["?"]
+        others = p.get("other_programs_cores")
+        busy = "" if others is None else f", others {others:.2f} cores"
+        threads = p.get("threads_per_rank", "?")
+        return (
+            f"stored run: {p.get('cores')} cores ({p.get('machine')}), "
+            f"{p.get('ranks')} ranks of {threads} thread(s), load average "
+            f"{load[0]} before{busy}, torch {p.get('torch')}, "
+            f"{str(p.get('date', ''))[:10]}"
+            + ("" if p.get("quiet") else "; NOT QUIET: no reference")
+        )
+
+
+def path(name: str, root: Path = MEASUREMENTS) -> Path:
+    return root / f"{name}.json"
+
+
+def store(
+    name: str,
+    data: dict[str, Any],
+    quiet: Quiet,
+    *,
+    keep_busy: bool = False,
+    root: Path = MEASUREMENTS,
+    **run: Any,
+) -> Path:
+    """Write `data` with `quiet`'s provenance (and `run`'s fields) as `name`.json.
+
+    NotQuiet unless the machine was quiet; with `keep_busy` the run is written
+    anyway, marked `quiet: false`, which the chapters' verdicts refuse.
+    """
+    problems = quiet.problems()
+    if problems and not keep_busy:
+        raise NotQuiet(
+            f"not stored as {name}: " + "; ".join(problems) + ". Measure on a quiet "
+            "machine (every rank a core of its own, nothing else running), or keep "
+            "it flagged as not quiet (--keep-busy)"
+        )
+    record = dict(provenance=quiet.provenance(**run), data=data)
+    target = path(name, root)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(record, indent=1) + "\n")
+    return target
+
+
+def load(name: str, root: Path = MEASUREMENTS) -> Stored | None:
+    """The stored run `name`, or None where none is stored."""
+    target = path(name, root)
+    if not target.exists():
+        return None
+    record = json.loads(target.read_text())
+    return Stored(name, record["data"], record["provenance"])
+
+
+def missing(name: str, command: str) -> str:
+    """What a chapter prints where no run is stored yet."""
+    return (
+        f"no stored run {name!r} yet: on a quiet machine, `{command}` measures and "
+        f"stores it in book/measurements/{name}.json"
+    )
+
+
+def command_line() -> str:
+    """This process's command line, for the provenance."""
+    return " ".join([Path(sys.executable).name, *sys.argv])

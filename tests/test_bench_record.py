@@ -1,0 +1,92 @@
+"""Stored benchmark runs: the quiet check refuses a busy machine, provenance travels
+with the data, and what the chapters store can be read back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distcourse.bench import record
+
+
+def test_other_programs_during_a_run_are_measured_and_refused() -> None:
+    """Two processes spinning beside a run that sleeps: their processor time is not
+    the run's, so it shows as other programs' (at least the two cores they ask
+    for, or the whole machine where it has fewer), and the run is not quiet."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)
+    ]
+    try:
+        time.sleep(0.5)  # running before the run starts
+        with record.Quiet() as quiet:
+            time.sleep(1.5)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    assert quiet.others is not None and quiet.others >= min(2, quiet.cores) * 0.7
+    if quiet.cores <= 2:
+        assert any("other programs used" in p for p in quiet.problems())
+    assert quiet.seconds >= 1.5
+
+
+def test_a_run_is_quiet_below_half_a_core_of_load_and_of_others() -> None:
+    calm = record.Quiet(cores=2, load_before=(0.9, 0.5, 0.2), others=0.2)
+    assert calm.problems() == []
+    busy = record.Quiet(cores=2, load_before=(1.1, 0.5, 0.2), others=0.2)
+    assert busy.problems() == [
+        "load average 1.1 before the run on 2 cores (at most 0.5 a core)"
+    ]
+    shared = record.Quiet(cores=2, load_before=(0.1,), others=1.3)
+    assert shared.problems() == [
+        "other programs used 1.30 cores during the run (at most 0.5 a core)"
+    ]
+
+
+def test_store_refuses_a_busy_run_or_keeps_it_flagged(tmp_path: Path) -> None:
+    busy = record.Quiet(cores=2, load_before=(3.0, 2.0, 1.0), others=0.0)
+    with pytest.raises(record.NotQuiet, match="load average 3.0 before the run"):
+        record.store("x", {"a": 1}, busy, root=tmp_path, ranks=2)
+    assert not (tmp_path / "x.json").exists()
+    where = record.store("x", {"a": 1}, busy, keep_busy=True, root=tmp_path, ranks=2)
+    kept = json.loads(where.read_text())
+    assert kept["data"] == {"a": 1} and kept["provenance"]["quiet"] is False
+    back = record.load("x", root=tmp_path)
+    assert back is not None and back.data == {"a": 1}
+    assert back.describe().endswith("NOT QUIET: no reference")
+
+
+def test_a_quiet_run_is_stored_with_its_provenance(tmp_path: Path) -> None:
+    calm = record.Quiet(cores=2, load_before=(0.3, 0.2, 0.1), others=0.05)
+    calm.load_after, calm.seconds = (1.9, 0.6, 0.2), 42.0
+    record.store("y", {"b": [1, 2]}, calm, root=tmp_path, ranks=2, threads_per_rank=1)
+    got = record.load("y", root=tmp_path)
+    assert got is not None
+    p = got.provenance
+    assert p["quiet"] is True and p["cores"] == 2 and p["ranks"] == 2
+    assert p["load_average_before"] == [0.3, 0.2, 0.1] and p["seconds"] == 42.0
+    assert p["torch"] and p["machine"] and p["date"][:2] == "20"
+    line = got.describe()
+    assert "2 cores" in line and "2 ranks of 1 thread(s)" in line
+    assert "load average 0.3 before, others 0.05 cores" in line
+    assert record.load("absent", root=tmp_path) is None
+    assert "python -m distcourse.bench z --store" in record.missing(
+        "z", "python -m distcourse.bench z --store"
+    )
+
+
+def test_every_stored_run_of_the_book_is_quiet_and_complete() -> None:
+    """Whatever book/measurements holds under the record's format was measured on a
+    quiet machine, with its provenance (a busy run is never the reference)."""
+    for path in sorted(record.MEASUREMENTS.glob("ch*.json")):
+        got = record.load(path.stem)
+        assert got is not None
+        p = got.provenance
+        assert p["quiet"] is True, (path.name, got.describe())
+        for key in ("date", "machine", "cores", "load_average_before", "torch"):
+            assert p.get(key) not in (None, ""), (path.name, key)
