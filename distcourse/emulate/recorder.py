@@ -187,12 +187,12 @@ def ddp_digits(device: torch.device, saved: bool = False) -> Recorder:
     caller has made (one rank per GPU)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from distcourse import accelerator
     from distcourse.examples import datasets, models
 
     torch.manual_seed(0)
     model = models.digits_mlp().to(device)
-    ddp = DDP(model, device_ids=accelerator.ddp_device_ids(device))
+    ids = None if device.type == "cpu" else [device.index or 0]  # DDP's, one device
+    ddp = DDP(model, device_ids=ids)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     data = datasets.digits(train=True)
     recorder = Recorder(model if saved else None)
