@@ -1,4 +1,6 @@
-"""distcourse.clock on the CPU: synchronize is a no-op there, stamps are host times."""
+"""distcourse.clock: on the CPU synchronize is a no-op and stamps are host times; on
+the emulated GPU stamps are device events, and a host read with work pending is
+refused."""
 
 from __future__ import annotations
 
@@ -51,3 +53,38 @@ def _completion_after_the_work() -> tuple[float, float, float]:
 def test_completion_is_stamped_when_the_work_completes() -> None:
     (launched, done, after), _ = spawn(_completion_after_the_work, 2)
     assert done - launched > 0.1 and done <= after
+
+
+def test_an_emulated_gpu_times_through_device_events() -> None:
+    """The GPU path runs on the emulated GPU: a stamp is the device module's event,
+    and the seconds between two are read after a synchronize, as on CUDA."""
+    from distcourse import emulate
+
+    emulate.setup()
+    gpu = emulate.current()
+    timer = clock.DeviceTimer(gpu)
+    start = timer.stamp()
+    x = torch.ones(256, 256, device=gpu) @ torch.ones(256, 256, device=gpu)
+    end = timer.stamp()
+    assert start.event is not None and start.host is None
+    assert timer.seconds(start, end) >= 0.0 and x.device == gpu
+
+
+def test_a_host_clock_read_with_device_work_pending_is_refused() -> None:
+    """Every kernel on the emulated GPU is pending device work until a synchronize:
+    the package's host clock refuses to be read then (on a GPU it would time the
+    launch), and reads it after the synchronize."""
+    import pytest
+
+    from distcourse import emulate
+    from distcourse.emulate import timing
+
+    emulate.setup()
+    gpu = emulate.current()
+    clock.synchronize(gpu)
+    torch.ones(8, device=gpu).mul_(2.0)
+    with pytest.raises(timing.TimingRuleError, match="timing rule"):
+        timing.clock()
+    with pytest.raises(timing.TimingRuleError):  # raised again at the synchronize
+        clock.synchronize(gpu)
+    assert timing.clock() > 0.0  # nothing pending now
