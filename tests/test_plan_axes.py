@@ -81,15 +81,14 @@ def test_moe_inputs_are_checked() -> None:
 def test_wire_bytes_are_chapter_12s_formulas(dtype: plan.DTypePolicy) -> None:
     lay = plan.PlanLayout(dp=2, tp=2, pp=2, micro_batches=2, ep=2, cp=2)
     found = plan.predict(MOE, 16, dtype, lay, H100)
-    b, e = 16 // (2 * 2 * 2), dtype.activation_bytes
+    b, e = 16 // (2 * 2 * 2), H100.precision(dtype).nbytes("value")
     n = b * MOE.seq // 2  # tokens of a micro-batch on a rank
     calls = 2 * MOE.layers // 2  # micro-batches x the rank's blocks
     kv = n * (MOE.hidden // 2) * e
     assert found.wire["cp"] == calls * ring_bytes(kv, 2)
     assert found.wire["ep"] == calls * balanced_bytes(n, MOE.hidden, 8, 2, 2, e)
-    assert set(found.time) == {"compute", "bubble", "tp", "pp", "dp", "cp", "ep"} | {
-        "total"
-    }
+    parts = {"compute", "memory", "optimizer", "bubble"}
+    assert set(found.time) == parts | {"tp", "pp", "dp", "cp", "ep", "total"}
 
 
 def test_context_parallel_activations_are_a_shorter_sequence() -> None:

@@ -34,7 +34,7 @@ def _on_ranks() -> dict[str, dict]:
 
 
 def test_two_ranks_peak_near_the_plan_and_send_exactly_its_bytes() -> None:
-    hw = plan.named("h100")
+    hw = plan.local(0.0, 0.0, 1e9, 2**30, 2)  # CPU ranks: the CPU's attention
     for got in spawn(_on_ranks, 2, timeout=60):
         for name in NAMES:
             planned = measure.predict(name, CFG, 8, 2, hw)

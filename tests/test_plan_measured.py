@@ -47,6 +47,7 @@ CFG = GPTConfig(vocab=64, block_size=8, n_layer=8, n_head=8, n_embd=16)  # chapt
 MODEL = plan.ModelSpec.from_config(CFG)
 BATCH = 16
 FP32 = plan.DTypePolicy("fp32", "fp32", "adamw")
+CPU = plan.local(0.0, 0.0, 1e9, 2**30, 8)  # gloo ranks: the CPU's kernels
 SCHEDULES = {"gpipe": (gpipe, 1), "1f1b": (one_f_one_b, 1), "interleaved": (None, 2)}
 
 
@@ -211,7 +212,7 @@ def test_chapter_8_layouts_bytes_held_and_sent(ranks: list[dict]) -> None:
         for r in found["hybrid"]:
             dp, tp, pp, m = r["layout"]
             layout = plan.PlanLayout(dp, tp, pp, m)
-            mine = plan.rank_memory(MODEL, BATCH, FP32, layout, r["stage"])
+            mine = plan.rank_memory(MODEL, BATCH, FP32, layout, r["stage"], CPU)
             got = r["held"]
             assert {k: got[k] for k in STATE} == {k: mine[k] for k in STATE}, r
             assert _close(got["activations"], mine["activations"]), (r, mine)
@@ -227,7 +228,7 @@ def test_chapter_5_schedules_activations(ranks: list[dict]) -> None:
             layout = plan.PlanLayout(
                 dp=2, pp=4, micro_batches=4, schedule=r["name"], virtual=r["v"]
             )
-            mine = plan.rank_memory(MODEL, BATCH, FP32, layout, r["rank"])
+            mine = plan.rank_memory(MODEL, BATCH, FP32, layout, r["rank"], CPU)
             assert _close(r["peak"], mine["activations"]), (r, mine)
 
 
@@ -238,7 +239,8 @@ def test_chapter_4_blocks_with_tensor_and_sequence_parallelism(
         for r in found["blocks"]:
             layout = plan.PlanLayout(tp=r["tp"], sp=r["sp"])
             b = 2
-            assert r["bytes"] == plan_memory.block_bytes(MODEL, b, layout, 4, "none")
+            cpu = CPU.precision(FP32)
+            assert r["bytes"] == plan_memory.block_bytes(MODEL, b, layout, cpu, "none")
 
 
 def test_chapter_9_zero_stages_bytes_held(ranks: list[dict]) -> None:
@@ -250,7 +252,7 @@ def test_chapter_9_zero_stages_bytes_held(ranks: list[dict]) -> None:
             assert r["held"] == exact, r
             # the planner's even split, ceil(P / d), is off by at most a tensor
             layout = plan.PlanLayout(dp=8, zero=r["stage"])
-            ideal = plan.rank_memory(MODEL, BATCH, FP32, layout, 0)
+            ideal = plan.rank_memory(MODEL, BATCH, FP32, layout, 0, CPU)
             biggest = 16 * CFG.vocab * CFG.n_embd + 4 * r["tensors"]
             for kind in STATE:
                 assert abs(ideal[kind] - exact[kind]) <= biggest, (kind, r, ideal)

@@ -8,8 +8,9 @@ different tokens, as `Layout` checks); a sequence into cp parts of s / cp tokens
 
 Notation as in `plan.memory`, and E experts per MoE layer (every block's MLP is
 one when E > 0), k of them per token, f the capacity factor; n = b s // c the
-tokens of a micro-batch on a rank (c = cp), X = n (h // t) e the bytes of its K
-(as of its V) in one attention layer.
+tokens of a micro-batch on a rank (c = cp), u a matmul output's bytes and i a
+Linear's kept input's (the policy's, `parallel.tensor.dtypes`), X = n (h // t) u
+the bytes of its K (as of its V) in one attention layer.
 
 Parameters. With E > 0 a block's MLP, M = (4 h h + 4h) // t + 4 h h // t + h
 elements in 4 tensors (`plan.memory.block_params`; for t = 1 it is
@@ -19,12 +20,12 @@ share gradients and ZeRO shards: the dense ones over dp x ep x cp ranks (every
 rank that holds them), the experts' over dp x cp; with ep = cp = 1 both are dp.
 
 Activations of a block (ckpt none or selective) with E > 0: the MLP's
-n (h + 8h // t) e becomes n h e (the router's input) + n E e (its
-probabilities) + k n (h + 8h // t) e (each assignment's row, fc and GELU
+n (i h + 8 u h // t) becomes n i h (the router's input) + n E u (its
+probabilities) + k n (i h + 8 u h // t) (each assignment's row, fc and GELU
 outputs). With cp, every activation is that of seq s / c (`plan.memory`).
 
 Buffers, alive one layer at a time: the experts' dispatch rows,
-`experts.cost.memory_per_rank(n, h, E, k, f, ep, e)["buffers"]`; ring
+`experts.cost.memory_per_rank(n, h, E, k, f, ep, u)["buffers"]`; ring
 attention's K/V messages, 8X in the backward (`context.cost`'s docstring: the
 pair in use and the pair arriving, with dK and dV).
 
@@ -36,7 +37,7 @@ Wire bytes per micro-batch and attention (MoE) layer:
     cp  `context.cost.ring_bytes(X, c)`: cp - 1 passes of K and V forward, of
         K, V, dK, dV backward, one of dK, dV home, handshakes, the agreement;
         alpha steps (2c - 1) + (c - 1)
-    ep  `experts.cost.balanced_bytes(n, h, E, k, ep, e)`: the counts, and two
+    ep  `experts.cost.balanced_bytes(n, h, E, k, ep, u)`: the counts, and two
         all_to_alls of k n rows forward and two backward, (ep - 1) / ep of them
         away; alpha steps 5 (ep - 1)
 """
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 from distcourse.parallel.context.cost import ring_bytes
 from distcourse.parallel.experts.cost import balanced_bytes, memory_per_rank
+from distcourse.parallel.tensor.dtypes import Precision
 from distcourse.plan.spec import ModelSpec, PlanLayout
 
 
@@ -80,13 +82,14 @@ def block_delta(model: ModelSpec, layout: PlanLayout) -> int:
     return (model.experts // layout.ep - 1) * mlp + model.hidden * model.experts
 
 
-def moe_activation_delta(model: ModelSpec, n: int, t: int, e: int) -> int:
+def moe_activation_delta(model: ModelSpec, n: int, t: int, prec: Precision) -> int:
     """What E > 0 adds to a block's activations (module docstring), n tokens."""
     if not model.experts:
         return 0
     h, k = model.hidden, model.top_k
-    dense = n * (h + 8 * h // t) * e
-    return n * h * e + n * model.experts * e + k * dense - dense
+    i, u = prec.nbytes("input"), prec.nbytes("value")
+    dense = n * (i * h + 8 * u * h // t)
+    return n * i * h + n * model.experts * u + k * dense - dense
 
 
 def moe_flops_delta(model: ModelSpec, n: int) -> int:
@@ -97,9 +100,9 @@ def moe_flops_delta(model: ModelSpec, n: int) -> int:
     return n * ((model.top_k - 1) * 16 * h * h + 2 * h * model.experts)
 
 
-def axis_buffers(model: ModelSpec, layout: PlanLayout, n: int, e: int) -> int:
+def axis_buffers(model: ModelSpec, layout: PlanLayout, n: int, prec: Precision) -> int:
     """Dispatch rows (E > 0) and ring K/V messages (cp > 1), one layer's."""
-    out = 0
+    out, e = 0, prec.nbytes("value")
     if model.experts:
         out += memory_per_rank(
             n,
@@ -116,10 +119,10 @@ def axis_buffers(model: ModelSpec, layout: PlanLayout, n: int, e: int) -> int:
 
 
 def layer_messages(
-    model: ModelSpec, layout: PlanLayout, n: int, e: int
+    model: ModelSpec, layout: PlanLayout, n: int, prec: Precision
 ) -> dict[str, tuple[int, int]]:
     """(wire bytes, alpha steps) of one attention/MoE layer's step, cp and ep."""
-    c, ep = layout.cp, layout.ep
+    c, ep, e = layout.cp, layout.ep, prec.nbytes("value")
     out = {}
     if c > 1:
         kv = n * (model.hidden // layout.tp) * e

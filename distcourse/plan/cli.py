@@ -10,9 +10,14 @@ rank), bucket_view, ep, cp, reshard (ZeRO-3: FSDP's reshard_after_forward, defau
 1); 0/1 or true/false for sp, bucket_view and reshard. A mixture of
 experts: --experts E --top-k k --capacity-factor f (then ep may split them).
 `--fix zero=3,tp=8` searches only the layouts with those values (the search keeps
-ep = cp = 1 unless fixed). The hardware is a
-datasheet GPU (--gpu h100 | h200 | a100) whose figures --flops, --alpha, --beta,
---memory-gb, --efficiency, --gpus-per-node replace (e.g. with chapter 2's fit).
+ep = cp = 1 unless fixed). --dtype fp32 | bf16 (bf16 weights, an fp32 master) |
+amp-bf16 (fp32 weights under torch.autocast); --reduce defaults to bf16 for bf16,
+fp32 otherwise; --optimizer adamw (torch's default: foreach on a GPU) |
+adamw-fused | sgd. The hardware is a datasheet GPU (--gpu h100 | h200 | a100)
+whose figures --flops, --alpha, --beta, --memory-mib (as nvidia-smi reports it)
+or --memory-gb, --bandwidth (bytes/s), --efficiency (matmuls' share of peak, both
+dtypes), --gpus-per-node replace (e.g. with chapter 2's fit). The table gives
+each kind at its own largest, the total at the step's peak moment ("at").
 An impossible input prints one line naming the constraint and exits with 2.
 """
 
@@ -25,7 +30,17 @@ import sys
 from typing import NoReturn
 
 from distcourse import tables
-from distcourse.plan import axes, checks, hardware, memory, prediction, spec, timing
+from distcourse.parallel.tensor import dtypes
+from distcourse.plan import (
+    axes,
+    checks,
+    hardware,
+    memory,
+    prediction,
+    spec,
+    timing,
+    work,
+)
 from distcourse.plan.prediction import Prediction
 
 GIB = 2**30
@@ -85,10 +100,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", help="one layout: dp=8,tp=8,pp=1,m=1,zero=1,...")
     p.add_argument("--fix", help="search only layouts with these: zero=3,ckpt=full")
     p.add_argument("--dtype", choices=spec.DTYPES, default="bf16")
-    p.add_argument("--reduce", choices=spec.DTYPES, help="gradient reduce dtype")
+    p.add_argument("--reduce", choices=spec.REDUCES, help="gradient reduce dtype")
     p.add_argument("--optimizer", choices=spec.OPTIMIZERS, default="adamw")
     p.add_argument("--gpu", default="h100", help=", ".join(hardware.GPUS))
-    for name in ("flops", "alpha", "beta", "memory-gb", "efficiency"):
+    names = ("flops", "alpha", "beta", "memory-gb", "memory-mib", "bandwidth")
+    for name in (*names, "efficiency"):
         p.add_argument(f"--{name}", type=float)
     p.add_argument("--gpus-per-node", type=int)
     p.add_argument("--top", type=int, default=5)
@@ -121,8 +137,12 @@ def hardware_of(args: argparse.Namespace) -> hardware.Hardware:
         changes.update(beta_node=args.beta, beta_network=args.beta)
     if args.memory_gb is not None:
         changes["memory"] = int(args.memory_gb * hardware.GB)
+    if args.memory_mib is not None:
+        changes["memory"] = int(args.memory_mib * hardware.MIB)
+    if args.bandwidth is not None:
+        changes["bandwidth"] = args.bandwidth
     if args.efficiency is not None:
-        changes["efficiency"] = args.efficiency
+        changes.update(efficiency_fp32=args.efficiency, efficiency_bf16=args.efficiency)
     if args.gpus_per_node is not None:
         changes["gpus_per_node"] = args.gpus_per_node
     if changes:
@@ -138,35 +158,30 @@ def unit(nbytes: int) -> tuple[str, int]:
     return "KiB", 2**10
 
 
+KIND_HEADS = ("param", "grad", "optim", "act", "loss", "temp", "buf", "ws")
+PART_HEADS = ("compute", "memory", "optim", "bubble")
+
+
 def table(found: list[Prediction]) -> str:
-    """One line per prediction: layout, memory by kind, seconds by part."""
+    """One line per prediction: layout, memory by kind (each at its largest), the
+    peak and its moment, seconds by part (dp: what compute does not hide)."""
     name, size = unit(max(p.memory["total"] for p in found))
+    extra = tuple(a for a in ("cp", "ep") if any(a in p.time for p in found))
     head = (
-        "dp x tp x pp",
-        "schedule",
-        "m",
-        "zero",
-        "sp",
-        "ckpt",
-        "param",
-        "grad",
-        "optim",
-        "act",
-        "buf",
+        *("dp x tp x pp", "schedule", "m", "zero", "sp", "ckpt"),
+        *KIND_HEADS,
         f"total {name}",
-        "compute",
-        "bubble",
-        "tp",
-        "pp",
-        "dp",
+        "at",
+        *(f"{h} s" if h == "optim" else h for h in PART_HEADS),
+        *timing.AXES,
+        *extra,
         "step s",
         "MFU",
     )
-    extra = tuple(a for a in ("cp", "ep") if any(a in p.time for p in found))
-    head = (*head[:17], *extra, *head[17:])
     rows = [head]
     for p in found:
         L, mem, t = p.layout, p.memory, p.time
+        parts = (*timing.PARTS, *timing.AXES, *extra, "total")
         rows.append(
             (
                 L.name,
@@ -176,10 +191,8 @@ def table(found: list[Prediction]) -> str:
                 int(L.sp),
                 L.ckpt,
                 *(f"{mem[k] / size:.1f}" for k in (*memory.KINDS, "total")),
-                *(
-                    f"{t.get(k, 0.0):.3g}"
-                    for k in ("compute", "bubble", *timing.AXES, *extra, "total")
-                ),
+                p.moment,
+                *(f"{t.get(k, 0.0):.3g}" for k in parts),
                 f"{p.mfu:.0%}",
             )
         )
@@ -188,7 +201,7 @@ def table(found: list[Prediction]) -> str:
 
 def explain() -> str:
     """The docstrings that hold the formulas, in the order a prediction uses them."""
-    parts = (spec, checks, memory, axes, timing, hardware, prediction)
+    parts = (spec, checks, dtypes, memory, axes, work, timing, hardware, prediction)
     return "\n\n".join(f"== {m.__name__} ==\n{m.__doc__.strip()}" for m in parts)
 
 
@@ -198,7 +211,8 @@ def run(argv: list[str]) -> str:
     if args.explain:
         return explain()
     model, hw = model_of(args), hardware_of(args)
-    policy = spec.DTypePolicy(args.dtype, args.reduce or args.dtype, args.optimizer)
+    reduce = args.reduce or ("bf16" if args.dtype == "bf16" else "fp32")
+    policy = spec.DTypePolicy(args.dtype, reduce, args.optimizer)
     if args.layout is not None:
         found = [
             prediction.predict(
@@ -218,10 +232,12 @@ def run(argv: list[str]) -> str:
         f"seq {model.seq}, vocab {model.vocab}: {model.params:.3g} parameters; "
         f"batch {args.batch}; {policy.dtype} (reduce {policy.reduce}), "
         f"{policy.optimizer}",
-        f"hardware: {hw.name}, {hw.memory / hardware.GB:.0f} GB = "
+        f"hardware: {hw.name}, {hw.memory / hardware.MIB:,.0f} MiB = "
         f"{hw.memory / GIB:.1f} GiB, "
-        f"{hw.rate(policy.dtype) / 1e12:.3g} TFLOP/s reached "
-        f"({hw.efficiency:.0%} of peak)",
+        f"{hw.rate(policy.matmul_dtype) / 1e12:.3g} TFLOP/s reached in "
+        f"{policy.matmul_dtype} "
+        f"({hw.rate(policy.matmul_dtype) / hw.peak(policy.matmul_dtype):.0%} of "
+        f"peak), {hw.streamed / 1e12:.3g} TB/s",
     ]
     if not found:
         return "\n".join([*lines, "no layout fits: more GPUs, ZeRO-3 or checkpointing"])

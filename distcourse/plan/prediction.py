@@ -4,19 +4,26 @@
 
     model, policy, layout, hardware   the inputs' own dicts; batch (sequences)
     gpus                              dp x tp x pp x ep x cp
-    memory    parameters, gradients, optimizer, activations, buffers, total:
-              bytes on the fullest rank (plan.memory)
-    by_rank   the same for each pipeline rank, first to last
-    fits      total <= the hardware's memory
-    time      compute, bubble, tp, pp, dp (cp, ep above 1), total: seconds per
-              step (plan.timing)
+    memory    parameters, gradients, optimizer, activations, loss, temporaries,
+              buffers, workspace: bytes on the fullest rank, each kind at its
+              own largest over the step; total: the step's peak, the largest
+              moment (plan.memory: at most the kinds' sum)
+    peak      the same kinds at the fullest rank's peak moment, and their total
+    moment    that moment's name: "loss", "backward" or "step"
+    moments   each moment's bytes on the fullest rank
+    by_rank   each pipeline rank's kinds at its own peak moment, and total
+    reserve   bytes the CUDA context and NCCL take outside torch's allocator
+    fits      total + reserve <= the hardware's memory
+    time      compute, memory, optimizer, bubble, tp, pp, dp (cp, ep above 1),
+              total: seconds per step, dp the part not hidden (plan.timing)
+    messages  tp, pp, dp (cp, ep): each axis's message seconds before overlap
     wire      tp, pp, dp (cp, ep above 1): wire bytes per step, the busiest
               rank's
     flops     FLOPs per step of the busiest rank
     tokens_per_s  batch x seq / time.total
     mfu       the model's FLOPs per step (3 forwards of every stage, no
-              recompute, times d ep m micro-batches) / (gpus x the dtype's peak
-              FLOP/s x time.total); peak = Hardware.rate / efficiency
+              recompute, times d ep m micro-batches) / (gpus x the matmul
+              dtype's peak FLOP/s x time.total)
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ from typing import Any
 
 from distcourse.plan.checks import check
 from distcourse.plan.hardware import Hardware
-from distcourse.plan.memory import memory
+from distcourse.plan.memory import KINDS, memory, moment_total, peak, reserve_bytes
 from distcourse.plan.spec import CKPT, DTypePolicy, ModelSpec, PlanLayout
-from distcourse.plan.timing import stage_flops, step_time
+from distcourse.plan.timing import step_time
+from distcourse.plan.work import stage_flops
 
 
 @dataclass(frozen=True)
@@ -43,14 +51,20 @@ class Prediction:
     layout: PlanLayout
     hardware: Hardware
     memory: dict[str, int] = field(default_factory=dict)
+    peak: dict[str, int] = field(default_factory=dict)
+    moment: str = ""
+    moments: dict[str, int] = field(default_factory=dict)
     by_rank: list[dict[str, int]] = field(default_factory=list)
+    reserve: int = 0
     time: dict[str, float] = field(default_factory=dict)
+    messages: dict[str, float] = field(default_factory=dict)
     wire: dict[str, int] = field(default_factory=dict)
     flops: int = 0
 
     @property
     def fits(self) -> bool:
-        return self.memory["total"] <= self.hardware.memory
+        """The step's peak and the reserve within the GPU's memory."""
+        return self.memory["total"] + self.reserve <= self.hardware.memory
 
     @property
     def tokens_per_s(self) -> float:
@@ -68,8 +82,8 @@ class Prediction:
             * L.micro_batches
             * sum(stage_flops(self.model, b, plain, k) for k in stages)
         )
-        peak = self.hardware.rate(self.policy.dtype) / self.hardware.efficiency
-        return useful / (L.gpus * peak * self.time["total"])
+        most = self.hardware.peak(self.policy.matmul_dtype)
+        return useful / (L.gpus * most * self.time["total"])
 
     def to_dict(self) -> dict[str, Any]:
         return dict(
@@ -80,9 +94,14 @@ class Prediction:
             hardware=self.hardware.to_dict(),
             gpus=self.layout.gpus,
             memory=dict(self.memory),
+            peak=dict(self.peak),
+            moment=self.moment,
+            moments=dict(self.moments),
             by_rank=[dict(r) for r in self.by_rank],
+            reserve=self.reserve,
             fits=self.fits,
             time=dict(self.time),
+            messages=dict(self.messages),
             wire=dict(self.wire),
             flops=self.flops,
             tokens_per_s=self.tokens_per_s,
@@ -112,10 +131,29 @@ def predict(
     """Memory per rank and step time of `layout`; ValueError naming the broken
     constraint if it is impossible (`checks.check`)."""
     check(model, batch, layout, gpus)
-    fullest, ranks = memory(model, batch, policy, layout)
-    seconds, wire, flops = step_time(model, batch, policy, layout, hw)
+    ranks = memory(model, batch, policy, layout, hw)
+    peaks = [peak(moments) for moments in ranks]
+    fullest = max(range(len(ranks)), key=lambda r: peaks[r][1]["total"])
+    moments = ranks[fullest]
+    held = {k: max(m[k] for m in moments.values()) for k in KINDS}
+    held["total"] = peaks[fullest][1]["total"]
+    seconds, messages, wire, flops = step_time(model, batch, policy, layout, hw)
     return Prediction(
-        model, batch, policy, layout, hw, fullest, ranks, seconds, wire, flops
+        model,
+        batch,
+        policy,
+        layout,
+        hw,
+        memory=held,
+        peak=peaks[fullest][1],
+        moment=peaks[fullest][0],
+        moments={name: moment_total(kinds) for name, kinds in moments.items()},
+        by_rank=[kinds for _, kinds in peaks],
+        reserve=reserve_bytes(layout, hw),
+        time=seconds,
+        messages=messages,
+        wire=wire,
+        flops=flops,
     )
 
 

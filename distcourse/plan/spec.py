@@ -6,8 +6,8 @@ values, with these key names (stable: the HTML book's planner reads them):
 
     model   layers, hidden, heads, seq, vocab, experts (0: dense), top_k,
             capacity_factor
-    policy  dtype ("fp32" | "bf16"), reduce ("fp32" | "bf16"), optimizer
-            ("adamw" | "sgd")
+    policy  dtype ("fp32" | "bf16" | "amp-bf16"), reduce ("fp32" | "bf16"),
+            optimizer ("adamw" | "adamw-fused" | "sgd")
     layout  dp, tp, pp, micro_batches, zero (0-3), sp (bool), ckpt ("none" |
             "selective" | "full"), schedule ("gpipe" | "1f1b" | "interleaved"),
             virtual (stages per rank, interleaved only), bucket_view (bool),
@@ -42,8 +42,9 @@ from typing import Any
 
 from distcourse.examples.gpt import GPTConfig
 
-DTYPES = ("fp32", "bf16")
-OPTIMIZERS = ("adamw", "sgd")
+DTYPES = ("fp32", "bf16", "amp-bf16")
+REDUCES = ("fp32", "bf16")
+OPTIMIZERS = ("adamw", "adamw-fused", "sgd")
 CKPT = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -149,14 +150,20 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class DTypePolicy:
-    """fp32 throughout, or bf16 mixed precision with fp32 master weights.
+    """How a step stores and computes: fp32 throughout; bf16 weights with an fp32
+    master (Megatron-LM's mixed precision); or fp32 weights under bf16 autocast.
 
     Bytes per parameter (AdamW; SGD keeps no moments):
-        fp32: weights 4, gradients 4, optimizer 8 (two moments)       = 16
-        bf16: weights 2, gradients 2, optimizer 12 (fp32 master 4 +
-              two fp32 moments 8)                                     = 16
-    Activations are kept at 4 (fp32) or 2 (bf16) bytes per value. `reduce` is the
-    dtype gradients cross the wire in (data-parallel reduction).
+        fp32      weights 4, gradients 4, optimizer 8 (two moments)       = 16
+        bf16      weights 2, gradients 2, optimizer 12 (fp32 master 4 +
+                  two fp32 moments 8)                                     = 16
+        amp-bf16  weights 4, gradients 4, optimizer 8 (the weights are
+                  the master; autocast casts them each forward)           = 16
+    What activations weigh is per tensor (`parallel.tensor.dtypes.Precision`, on
+    the hardware's device: `Hardware.precision`). `reduce` is the dtype gradients
+    cross the wire in (data-parallel reduction). `optimizer`: "adamw" is torch's
+    default implementation (foreach on a GPU, one tensor at a time on a CPU),
+    "adamw-fused" its fused kernel (`AdamW(fused=True)`), "sgd" plain SGD.
     """
 
     dtype: str = "fp32"
@@ -165,12 +172,12 @@ class DTypePolicy:
 
     def __post_init__(self) -> None:
         _choice(self.dtype, "dtype", DTYPES)
-        _choice(self.reduce, "reduce", DTYPES)
+        _choice(self.reduce, "reduce", REDUCES)
         _choice(self.optimizer, "optimizer", OPTIMIZERS)
 
     @property
     def weight_bytes(self) -> int:
-        return 4 if self.dtype == "fp32" else 2
+        return 2 if self.dtype == "bf16" else 4
 
     @property
     def grad_bytes(self) -> int:
@@ -181,19 +188,25 @@ class DTypePolicy:
         return 4 if self.reduce == "fp32" else 2
 
     @property
+    def adam(self) -> bool:
+        """AdamW, in either implementation: two moments and a step counter."""
+        return self.optimizer != "sgd"
+
+    @property
     def optimizer_bytes(self) -> int:
         """Optimizer state per parameter: moments (AdamW 8) + fp32 master (bf16 4)."""
-        moments = 8 if self.optimizer == "adamw" else 0
+        moments = 8 if self.adam else 0
         return moments + (4 if self.dtype == "bf16" else 0)
 
     @property
     def step_bytes(self) -> int:
         """AdamW's step counter: one fp32 scalar per parameter tensor it steps."""
-        return 4 if self.optimizer == "adamw" else 0
+        return 4 if self.adam else 0
 
     @property
-    def activation_bytes(self) -> int:
-        return self.weight_bytes
+    def matmul_dtype(self) -> str:
+        """The dtype matmuls run in, whose rate `Hardware.rate` gives."""
+        return "fp32" if self.dtype == "fp32" else "bf16"
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)

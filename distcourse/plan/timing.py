@@ -1,35 +1,36 @@
-"""A model of the seconds of one training step: compute, the pipeline's bubble, and
-each axis's messages under the alpha-beta model (chapter 2). A model with stated
-assumptions, not a measurement and not a bound: compute runs at one rate (the
-hardware's, for the policy's dtype); every message is a ring collective or a
-send costing steps x alpha + bytes x beta on its axis's link; nothing overlaps
-(compute, bubble and each axis are added end to end, which makes it long); no
-launch, Python, framework, optimizer or elementwise time is counted (which
-makes it short). `python -m distcourse.bench plan` sets it beside measured steps.
+"""A model of the seconds of one training step: matmuls at the reached rate of their
+dtype, element-wise work as bytes over memory bandwidth (a roofline term), the
+optimizer's step, the pipeline's bubble, and each axis's messages under the
+alpha-beta model (chapter 2), data-parallel ones hidden behind the compute they
+overlap. A model with stated assumptions, not a measurement and not a bound: every
+message is a ring collective or a send costing steps x alpha + bytes x beta on
+its axis's link; no launch, Python or framework time is counted (a small model's
+eager step is partly launch-bound: on one H200 a 135M TinyGPT's bf16 step took
+1.4 x this model's, tests/data/gpu_measurements.json). `python -m
+distcourse.bench plan` sets it beside measured steps.
 
-Notation as in `plan.memory`; R the hardware's rate for the policy's dtype
-(`Hardware.rate`), and a link's (alpha, beta) per axis: with TP innermost (the grid
-arange(world).view(dp, pp, tp)), tp runs inside a node while t <= GPUs per node,
-pp while t p does, dp while d t p does; beyond, on the network
-(`parallel.hybrid.recipe.links`).
+Notation as in `plan.memory`; R the hardware's reached rate for the policy's
+matmul dtype (`Hardware.rate`: fp32, or bf16 for bf16 and amp-bf16), B the bytes/s
+element-wise kernels reach (`Hardware.streamed`), and a link's (alpha, beta) per
+axis: with TP innermost (the grid arange(world).view(dp, pp, tp)), tp runs inside
+a node while t <= GPUs per node, pp while t p does, dp while d t p does; beyond,
+on the network (`parallel.hybrid.recipe.links`).
 
-Compute, integer FLOPs, for stage k and one micro-batch (before the split by t):
+Work per micro-batch (`plan.work`): rank r's FLOPs F_r = (sum over its stages of
+`stage_flops`) // t, its bytes M_r (`stage_traffic`), so its seconds
+U_r = F_r / R + M_r / B, of which the forward f_r (a third of what does not
+recompute) and the backward b_r = U_r - f_r; the busiest rank has the largest U.
+Its stepped elements (`plan.memory`: P, or the ZeRO share q) move
+`optimizer_traffic` bytes:
 
-    forward     (L // S) n (24 h h + 4 s h)  (+ 2 n h V on the last stage)
-                (the six matmuls, 12 h h multiply-adds a token; scores and the
-                weighted values, 2 s h each)
-    recompute   none 0; selective (L // S) 4 n s h (the attention core); full
-                (L // S) n (24 h h + 4 s h) (the blocks' forward again)
-    stage       3 forward + recompute           (backward = 2 forward)
-
-Rank r's FLOPs per micro-batch F_r = (sum over its stages) // t; U = max_r F_r / R:
-
-    compute = m U          bubble = (p - 1) / v x U    (0 when p = 1)
+    compute = m F / R      memory = m M / B      optimizer = traffic / B
+    bubble = (p - 1) / v x U    (0 when p = 1)
 
 Messages per step, for each pipeline rank r: (bytes, alpha steps) per axis. Bytes
 are wire bytes (`comm.ledger.ring_wire_bytes`, on a ring of k ranks, 0 if k = 1):
 all-reduce 2 (k - 1) T // k, all-gather and reduce-scatter (k - 1) T // k.
-A = n h e, the bytes of one activation. Over the rank's stages k:
+A = n h u the bytes of a matmul's output (tensor parallelism's messages), R_p =
+n h r of the residual stream (the pipeline's). Over the rank's stages k:
 
     tp  calls = 4 (L // S) + [k = 0] + [k last] all-reduces of A (forward g and
         backward f around attention and MLP; the embedding's g; the head's f),
@@ -38,7 +39,7 @@ A = n h e, the bytes of one activation. Over the rank's stages k:
         m (calls + 3 [last]) x 2 (t - 1). (Sequence parallelism swaps each
         all-reduce for an all-gather and a reduce-scatter: the same bytes, the
         same alpha steps.)
-    pp  sends = [k not last] + [k not 0] if p > 1, else 0: bytes m sends A,
+    pp  sends = [k not last] + [k not 0] if p > 1, else 0: bytes m sends R_p,
         steps m sends.
     dp  on the rank's P parameters, q = ceil(P / d) its share (padded: every
         piece of a reduce-scatter or all-gather is q elements): all-reduce of
@@ -61,8 +62,27 @@ A = n h e, the bytes of one activation. Over the rank's stages k:
         DDP's all-reduce and then broadcasts the parameters (3 Psi): not what
         the planner models.
 
-Seconds per axis: the max over pipeline ranks of steps x alpha + bytes x beta,
-with the axis's link's (alpha, beta); `wire` is the max over ranks of the bytes.
+Seconds per axis (`messages`): the max over pipeline ranks of steps x alpha +
+bytes x beta, with the axis's link's (alpha, beta); `wire` is the max over ranks
+of the bytes.
+
+Overlap. Data-parallel collectives run beside the compute of the pass that
+produces or needs them (DDP's buckets during backward, FSDP's prefetched
+all-gathers and its reduce-scatters, as chapter 10 measures the rule
+T >= (d - 1) / d x C / W): each collective hides behind one pass (`DP_COLLECTIVES`:
+"forward", "backward", or "none": ZeRO-1 and ZeRO-2's all-gather of the updated
+weights runs after the step). With M_x the seconds of the per-micro-batch
+collectives that hide behind pass x (f_r or b_r), S_x those of the once-a-step
+ones (at the last micro-batch) and E the unhidden ones, the exposed seconds of
+rank r are
+
+    (m - 1) (max(0, M_f - f_r) + max(0, M_b - b_r))
+    + max(0, M_f + S_f - f_r) + max(0, M_b + S_b - b_r) + E
+
+and time.dp is the max over ranks. The first unit's all-gather and the last
+bucket's reduction, which nothing can hide, are not counted. Tensor-parallel,
+pipeline, context- and expert-parallel messages are not overlapped (they sit
+between the ops that need them).
 
 With ep or cp above 1 (`plan.axes`): n = b s // cp tokens a micro-batch on a
 rank, b = batch / (d ep m); the MoE FLOPs; axes cp and ep (keys only when their
@@ -72,30 +92,44 @@ dense, dp x cp experts), summed into dp. Grid (dp, pp, ep, cp, tp), tp
 innermost: cp in a node while t c <= GPUs per node, ep while t c ep does, pp
 while t c ep p does, dp while all the GPUs do.
 
-    step = compute + bubble + tp + pp + dp (+ cp + ep) (seconds; a model, not a
-    bound: nothing overlaps, and no launch or framework overhead is counted).
+    step = compute + memory + optimizer + bubble + tp + pp + dp (exposed)
+           (+ cp + ep)
 """
 
 from __future__ import annotations
 
 from distcourse.comm.ledger import ring_wire_bytes
+from distcourse.parallel.tensor.dtypes import Precision
 from distcourse.plan import axes
 from distcourse.plan.hardware import Hardware
-from distcourse.plan.memory import rank_groups, rank_stages
+from distcourse.plan.memory import rank_groups, rank_stages, stepped_elements
 from distcourse.plan.spec import DTypePolicy, ModelSpec, PlanLayout
+from distcourse.plan.work import optimizer_traffic, stage_flops, stage_traffic
 
 AXES = ("tp", "pp", "dp")
-DP_COLLECTIVES = {  # ZeRO stage -> (op, which bytes, once a "step" or a "micro")
-    0: (("all_reduce", "grad", "step"),),
-    1: (("reduce_scatter", "grad", "step"), ("all_gather", "weight", "step")),
-    2: (("reduce_scatter", "grad", "micro"), ("all_gather", "weight", "step")),
+PARTS = ("compute", "memory", "optimizer", "bubble")
+# ZeRO stage -> (op, which bytes, once a "step" or every "micro"-batch, the pass
+# it hides behind)
+DP_COLLECTIVES = {
+    0: (("all_reduce", "grad", "step", "backward"),),
+    1: (
+        ("reduce_scatter", "grad", "step", "backward"),
+        ("all_gather", "weight", "step", "none"),
+    ),
+    2: (
+        ("reduce_scatter", "grad", "micro", "backward"),
+        ("all_gather", "weight", "step", "none"),
+    ),
     3: (
-        ("all_gather", "weight", "micro"),
-        ("all_gather", "weight", "micro"),
-        ("reduce_scatter", "grad", "micro"),
+        ("all_gather", "weight", "micro", "forward"),
+        ("all_gather", "weight", "micro", "backward"),
+        ("reduce_scatter", "grad", "micro", "backward"),
     ),
 }
-KEPT = (("all_gather", "weight", "micro"), ("reduce_scatter", "grad", "micro"))
+KEPT = (
+    ("all_gather", "weight", "micro", "forward"),
+    ("reduce_scatter", "grad", "micro", "backward"),
+)
 ALPHA_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (k - 1)
 
 
@@ -108,29 +142,17 @@ def handed_in(op: str, what: str, policy: DTypePolicy, total: int, d: int) -> in
     return per * {"all_reduce": total, "reduce_scatter": d * share}.get(op, share)
 
 
-def dp_calls(layout: PlanLayout) -> list[tuple[str, str, int]]:
-    """(op, which bytes, how many times in a step) of the layout's ZeRO stage:
-    `DP_COLLECTIVES`, "micro" ones m times; ZeRO-3 without reshard, `KEPT`."""
+def dp_calls(layout: PlanLayout) -> list[tuple[str, str, int, str]]:
+    """(op, which bytes, how many times in a step, the pass it hides behind) of
+    the layout's ZeRO stage: `DP_COLLECTIVES`, "micro" ones m times; ZeRO-3
+    without reshard, `KEPT`."""
     m = layout.micro_batches
     calls = KEPT if layout.zero == 3 and not layout.reshard else None
     chosen = calls or DP_COLLECTIVES[layout.zero]
-    return [(op, what, m if when == "micro" else 1) for op, what, when in chosen]
-
-
-def stage_flops(model: ModelSpec, b: int, layout: PlanLayout, stage: int) -> int:
-    """Forward + backward (+ recompute) FLOPs of a stage for one micro-batch, whole
-    (before the split over tp)."""
-    stages = layout.pp * layout.virtual
-    n, s, h = b * model.seq // layout.cp, model.seq, model.hidden
-    blocks = model.layers // stages
-    block = n * (24 * h * h + 4 * s * h) + axes.moe_flops_delta(model, n)
-    forward = blocks * block
-    if stage == stages - 1:
-        forward += 2 * n * h * model.vocab
-    recompute = {"none": 0, "selective": blocks * 4 * n * s * h}.get(
-        layout.ckpt, blocks * block
-    )
-    return 3 * forward + recompute
+    return [
+        (op, what, m if when == "micro" else 1, hides)
+        for op, what, when, hides in chosen
+    ]
 
 
 def layout_axes(layout: PlanLayout) -> tuple[str, ...]:
@@ -150,16 +172,24 @@ def axis_links(layout: PlanLayout, hw: Hardware) -> dict[str, str]:
 
 
 def rank_messages(
-    model: ModelSpec, batch: int, policy: DTypePolicy, layout: PlanLayout, rank: int
+    model: ModelSpec,
+    batch: int,
+    policy: DTypePolicy,
+    layout: PlanLayout,
+    rank: int,
+    prec: Precision | None = None,
 ) -> dict[str, tuple[int, int]]:
-    """Per axis: (wire bytes, alpha steps) pipeline rank `rank` sends in a step."""
+    """Per axis: (wire bytes, alpha steps) pipeline rank `rank` sends in a step
+    (the policy on a GPU unless `prec` says otherwise)."""
+    prec = prec or Precision(policy.dtype)
     stages, t, m = layout.pp * layout.virtual, layout.tp, layout.micro_batches
     b = batch // (layout.shares * m)
-    n, e = b * model.seq // layout.cp, policy.activation_bytes
-    A = n * model.hidden * e
+    n = b * model.seq // layout.cp
+    A = n * model.hidden * prec.nbytes("value")
+    sent = n * model.hidden * prec.nbytes("residual")
     tp = pp = tp_steps = pp_steps = 0
     out = {a: (0, 0) for a in layout_axes(layout)}
-    layer = axes.layer_messages(model, layout, n, e)
+    layer = axes.layer_messages(model, layout, n, prec)
     for k in rank_stages(layout, rank):
         for axis, (nbytes, steps) in layer.items():
             times = m * model.layers // stages
@@ -170,16 +200,65 @@ def rank_messages(
         tp += m * 3 * last * ring_wire_bytes("all_reduce", 4 * n, t)
         tp_steps += m * (calls + 3 * last) * 2 * (t - 1)
         sends = (not last) + (not first) if layout.pp > 1 else 0
-        pp += m * sends * A
+        pp += m * sends * sent
         pp_steps += m * sends
     dp = dp_steps = 0
     for d, (total, _) in rank_groups(model, layout, rank).items():
-        for op, what, times in dp_calls(layout):
+        for op, what, times, _ in dp_calls(layout):
             nbytes = ring_wire_bytes(op, handed_in(op, what, policy, total, d), d)
             dp += times * nbytes
             dp_steps += times * ALPHA_STEPS[op] * (d - 1)
     out.update(tp=(tp, tp_steps), pp=(pp, pp_steps), dp=(dp, dp_steps))
     return out
+
+
+def exposed_dp(
+    model: ModelSpec,
+    policy: DTypePolicy,
+    layout: PlanLayout,
+    rank: int,
+    hw: Hardware,
+    passes: tuple[float, float],
+) -> float:
+    """Seconds of rank `rank`'s data-parallel messages that its compute does not
+    hide, its (forward, backward) seconds a micro-batch `passes` (docstring)."""
+    alpha, beta = hw.link(axis_links(layout, hw)["dp"])
+    hidden = {("micro", "forward"): 0.0, ("micro", "backward"): 0.0}
+    hidden.update({("step", "forward"): 0.0, ("step", "backward"): 0.0})
+    unhidden, m = 0.0, layout.micro_batches
+    for d, (total, _) in rank_groups(model, layout, rank).items():
+        for op, what, times, hides in dp_calls(layout):
+            nbytes = ring_wire_bytes(op, handed_in(op, what, policy, total, d), d)
+            seconds = ALPHA_STEPS[op] * (d - 1) * alpha + nbytes * beta
+            if hides == "none":
+                unhidden += times * seconds
+            else:
+                hidden[("micro" if times > 1 else "step", hides)] += seconds
+    out = unhidden
+    for x, pass_seconds in zip(("forward", "backward"), passes, strict=True):
+        micro, step = hidden[("micro", x)], hidden[("step", x)]
+        out += (m - 1) * max(0.0, micro - pass_seconds)
+        out += max(0.0, micro + step - pass_seconds)
+    return out
+
+
+def rank_work(
+    model: ModelSpec,
+    b: int,
+    layout: PlanLayout,
+    prec: Precision,
+    rank: int,
+) -> tuple[int, int, int, int]:
+    """(FLOPs, bytes, forward FLOPs, forward bytes) of a micro-batch on pipeline
+    rank `rank`, after the split over tp (the forward without recompute)."""
+    flops = traffic = fwd_flops = fwd_traffic = 0
+    for k in rank_stages(layout, rank):
+        flops += stage_flops(model, b, layout, k)
+        traffic += stage_traffic(model, b, layout, prec, k)
+        fwd_flops += stage_flops(model, b, layout, k, "none") // 3
+        fwd_traffic += stage_traffic(model, b, layout, prec, k, "none") // 3
+    t = layout.tp
+    return flops // t, traffic, fwd_flops // t, fwd_traffic
 
 
 def step_time(
@@ -188,27 +267,36 @@ def step_time(
     policy: DTypePolicy,
     layout: PlanLayout,
     hw: Hardware,
-) -> tuple[dict[str, float], dict[str, int], int]:
-    """(seconds by part with 'total', wire bytes per axis, FLOPs): busiest rank's."""
-    t, p, m = layout.tp, layout.pp, layout.micro_batches
+) -> tuple[dict[str, float], dict[str, float], dict[str, int], int]:
+    """(seconds by part with 'total', each axis's message seconds before overlap,
+    wire bytes per axis, FLOPs): the busiest rank's (module docstring)."""
+    p, m, prec = layout.pp, layout.micro_batches, hw.precision(policy)
     b = batch // (layout.shares * m)
-    rate = hw.rate(policy.dtype)
-    per_rank = [
-        sum(stage_flops(model, b, layout, k) for k in rank_stages(layout, r)) // t
-        for r in range(p)
-    ]
-    unit = max(per_rank) / rate
-    seconds = dict(compute=m * unit, bubble=(p - 1) / layout.virtual * unit)
+    rate, streamed = hw.rate(policy.matmul_dtype), hw.streamed
+    work = [rank_work(model, b, layout, prec, r) for r in range(p)]
+    units = [f / rate + bytes_ / streamed for f, bytes_, _, _ in work]
+    busiest = max(range(p), key=lambda r: units[r])
+    flops, traffic = work[busiest][0], work[busiest][1]
+    seconds = dict(compute=m * flops / rate, memory=m * traffic / streamed)
+    stepped = max(stepped_elements(model, layout, r) for r in range(p))
+    seconds["optimizer"] = optimizer_traffic(policy, stepped) / streamed
+    seconds["bubble"] = (p - 1) / layout.virtual * units[busiest]
     where = axis_links(layout, hw)
     wire = {axis: 0 for axis in layout_axes(layout)}
-    sent = [rank_messages(model, batch, policy, layout, r) for r in range(p)]
+    messages = {axis: 0.0 for axis in layout_axes(layout)}
+    sent = [rank_messages(model, batch, policy, layout, r, prec) for r in range(p)]
     for axis in wire:
         alpha, beta = hw.link(where[axis])
-        worst = 0.0
         for r in range(p):
             nbytes, steps = sent[r][axis]
-            worst = max(worst, steps * alpha + nbytes * beta)
+            messages[axis] = max(messages[axis], steps * alpha + nbytes * beta)
             wire[axis] = max(wire[axis], nbytes)
-        seconds[axis] = worst
+        seconds[axis] = messages[axis]
+    exposed = 0.0
+    for r, (_, _, fwd_flops, fwd_traffic) in enumerate(work):
+        forward = fwd_flops / rate + fwd_traffic / streamed
+        passes = (forward, units[r] - forward)
+        exposed = max(exposed, exposed_dp(model, policy, layout, r, hw, passes))
+    seconds["dp"] = exposed
     seconds["total"] = sum(seconds.values())
-    return seconds, wire, m * max(per_rank)
+    return seconds, messages, wire, m * flops

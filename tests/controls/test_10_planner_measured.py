@@ -119,7 +119,10 @@ def test_zero1_as_torch_runs_it_sends_more_than_the_plan(
 def test_a_zero3_that_gathers_once_misses_the_rule(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    once = (("all_gather", "weight", "micro"), ("reduce_scatter", "grad", "micro"))
+    once = (
+        ("all_gather", "weight", "micro", "forward"),
+        ("reduce_scatter", "grad", "micro", "backward"),
+    )
     monkeypatch.setitem(plan_timing.DP_COLLECTIVES, 3, once)
     h100, model = plan.named("h100"), plan.ModelSpec.from_params(7e9, seq=1024)
     all_bf16 = plan.DTypePolicy("bf16", "bf16", "adamw")
@@ -128,7 +131,7 @@ def test_a_zero3_that_gathers_once_misses_the_rule(
         rule = (dp - 1) / dp * h100.rate("bf16") * h100.link(where)[1]
         layout = plan.PlanLayout(dp=dp, zero=3)
         p = plan.predict(model, dp, all_bf16, layout, h100)
-        meet = model.seq * p.time["dp"] / p.time["compute"]
+        meet = model.seq * p.messages["dp"] / p.time["compute"]
         worst = max(worst, abs(meet / rule - 1))
     line = f"planner vs the rule, relative: {checks.verdict(worst, 0.05)}"
     assert _fails(line), line

@@ -15,8 +15,8 @@
   (block_memory, saved_activation_bytes; a whole step's: step_activation_bytes)
   and by formula (block_activation_bytes,
   korthikanti_bytes, and layer_activation_bytes: both as one formula, with
-  recompute; fused_attention_lse_bytes: what torch's fused attention keeps beside
-  q, k, v and its output, on the CPU and on CUDA).
+  recompute), each tensor in its dtype policy's bytes (`dtypes.Precision`: fp32,
+  bf16, amp-bf16 on a device; the attention kernel's keep from `distcourse.sdpa`).
 """
 
 from distcourse.parallel.tensor.blocks import (
@@ -31,11 +31,11 @@ from distcourse.parallel.tensor.compare import (
     shard_of,
 )
 from distcourse.parallel.tensor.cost import step_ledger, sublayer_wire_bytes
+from distcourse.parallel.tensor.dtypes import Precision, precision_of
 from distcourse.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 from distcourse.parallel.tensor.memory import (
     block_activation_bytes,
     block_memory,
-    fused_attention_lse_bytes,
     korthikanti_bytes,
     layer_activation_bytes,
     saved_activation_bytes,
@@ -58,6 +58,7 @@ __all__ = [
     "ColumnParallelLinear",
     "ParallelMLP",
     "ParallelSelfAttention",
+    "Precision",
     "RowParallelLinear",
     "SequenceParallelLayerNorm",
     "SequenceParallelPositions",
@@ -66,7 +67,6 @@ __all__ = [
     "block_memory",
     "differences",
     "full_state_dict",
-    "fused_attention_lse_bytes",
     "gradient_differences",
     "korthikanti_bytes",
     "layer_activation_bytes",
@@ -74,6 +74,7 @@ __all__ = [
     "load_full_state_dict",
     "parallelize_block",
     "parallelize_gpt",
+    "precision_of",
     "save_checkpoint",
     "saved_activation_bytes",
     "shard_of",

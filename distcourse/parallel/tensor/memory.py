@@ -1,5 +1,6 @@
 """Activation memory of a transformer block: measured with saved-tensor hooks, and
-the formula it must equal, with and without tensor and sequence parallelism.
+the formula it must equal, with and without tensor and sequence parallelism, in
+each dtype policy.
 
 What autograd keeps between forward and backward is what every op saves for its
 backward. `saved_activation_bytes` runs a forward inside
@@ -9,29 +10,37 @@ sub-layer (`ln1`, `attn`, `ln2`, `mlp`).
 
 `block_activation_bytes` is Korthikanti et al. 2022's count (Reducing Activation
 Recomputation in Large Transformer Models, section 4), sbh(34 + 5as/h) bytes at 16
-bits with dropout, redone for `examples.gpt.Block` as it runs here: 32-bit values,
-dropout 0 (no masks are saved), layer norms that save their mean and 1/std (two
-values per token), and PyTorch's fused attention, which saves its output and one
-log-sum-exp per head and token instead of the s x s score matrices (the 5as/h term).
-Per token, with h the width, a the heads and t the tensor-parallel size:
+bits with dropout, redone for `examples.gpt.Block` as it runs here: dropout 0 (no
+masks are saved), layer norms that save their mean and 1/std (two values per
+token), and PyTorch's fused attention, which saves its output and one log-sum-exp
+per head and token instead of the s x s score matrices (the 5as/h term). Each
+tensor is counted in the bytes its dtype policy gives it (`dtypes.Precision`:
+r the residual stream's, z a norm statistic's, i a Linear's kept input's, v a
+matmul output's, c a kept weight cast's, k = 3 input copies under autocast, else
+1). Per token, with h the width, a the heads and t the tensor-parallel size:
 
-    sub-layer  saves                                          values per token
-    ln1, ln2   input, mean, 1/std                             h + 2 each
-    attn       q/k/v input; q, k, v; output (= proj input);   h + (4h + a) / t
-               log-sum-exp
-    mlp        fc input; GELU input; proj input               h + 8h / t
+    sub-layer  saves                                          bytes per token
+    ln1, ln2   input, mean, 1/std                             r h + 2 z each
+    attn       q/k/v input (k copies); q, k, v; output        k i h + 4 v h / t
+               (= proj input); what the kernel keeps          + kernel
+    mlp        fc input; GELU input; proj input               i h + 8 v h / t
 
-Without tensor parallelism (t = 1) that is 16h + a + 4 values per token. With
-sequence parallelism the norms run on s / t tokens, so their h + 2 divide by t; the
-column layers' inputs stay whole, because ours keep the all-gathered input for
-backward, where Megatron-LM keeps its own part and gathers it again (the paper's
-34/t divides everything).
+and, per micro-batch, the weight casts autocast keeps: c 4 h h / t (attention) and
+c 8 h h / t (MLP). The kernel is the one torch picks for the device, the matmul
+dtype and the head size (`distcourse.sdpa`): on the CPU a float32 log-sum-exp per
+head and token; on CUDA cuDNN's or flash's log-sum-exp and random-number state, the
+memory-efficient kernel's log-sum-exp padded to 32 tokens, or the math path's
+s x s scores. In fp32 on the CPU (r = z = i = v = 4, c = 0, k = 1) that is
+4 (16h + a + 4) bytes per token without tensor parallelism. With sequence
+parallelism the norms run on s / t tokens, so their bytes divide by t; the column
+layers' inputs stay whole, because ours keep the all-gathered input for backward,
+where Megatron-LM keeps its own part and gathers it again (the paper's 34/t divides
+everything).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -39,6 +48,9 @@ import torch
 from torch import Tensor, nn
 
 from distcourse.comm.agree import Group, members
+from distcourse.parallel.tensor.dtypes import Precision, precision_of, rules_for
+
+CPU_FP32 = Precision("fp32", "cpu")
 
 
 def block_memory(
@@ -55,14 +67,18 @@ def block_memory(
     `block` itself for one process (t = 1). `x` is the whole (B, T, C) input; with
     sequence_parallel, this rank runs on its part of the tokens, as a tensor of its
     own (as a reduce_scatter leaves it). The formula is `block_activation_bytes`
-    for `block`'s width and heads. No messages beyond the twin's own.
+    for `block`'s width and heads, in the precision `x` runs under (its dtype, or
+    autocast's; its device's kernels, under torch's attention switches now). No
+    messages beyond the twin's own.
     """
     tp = members(group, "block_memory") if twin is not block else None
     t, rank = (tp.size, tp.rank) if tp else (1, 0)
     B, T, C = x.shape
-    options = dict(sequence_parallel=sequence_parallel, device_type=x.device.type)
+    options = dict(sequence_parallel=sequence_parallel, precision=precision_of(x))
     # first the formula: it refuses sizes that do not split, before any collective
-    formula = block_activation_bytes(B, T, C, block.attn.n_head, t, **options)
+    formula = block_activation_bytes(
+        B, T, C, block.attn.n_head, t, live=True, **options
+    )
     if sequence_parallel:
         x = x.tensor_split(t, 1)[rank].contiguous()  # (B, T / t, C): my tokens
     measured = saved_activation_bytes(twin, x.detach().requires_grad_())
@@ -150,56 +166,31 @@ def block_activation_bytes(
     tp: int = 1,
     *,
     sequence_parallel: bool = False,
-    value_bytes: int = 4,
-    device_type: str = "cpu",
+    precision: Precision = CPU_FP32,
+    live: bool = False,
 ) -> dict[str, int]:
     """What one rank's `examples.gpt.Block` keeps for backward, by sub-layer (bytes).
 
     The table in this module's docstring, for a (batch, seq, width) input split `tp`
-    ways (heads and width must divide by tp; with sequence_parallel, seq too).
-    Measured on CPU, where the fused kernel keeps one log-sum-exp per head and
-    token; on CUDA, `fused_attention_lse_bytes` says what its kernel keeps instead.
+    ways (heads and width must divide by tp; with sequence_parallel, seq too), each
+    tensor in the bytes `precision` gives it (default: fp32 on the CPU). `live`:
+    the attention kernel under torch's switches now (a run inside `sdpa_kernel`),
+    else the one torch picks with every kernel enabled.
     """
     for name, value in (("heads", heads), ("width", width)):
         if value % tp:
             raise ValueError(f"{name}={value} is not divisible by tensor-parallel {tp}")
     if sequence_parallel and seq % tp:
         raise ValueError(f"seq={seq} is not divisible by tensor-parallel size {tp}")
-    h, a, b, s = width, heads, batch, seq
-    norm_tokens = b * s // tp if sequence_parallel else b * s
-    norm = norm_tokens * (h + 2) * value_bytes
-    attn = b * s * (h + 4 * h // tp) * value_bytes
-    attn += fused_attention_lse_bytes(b, a // tp, s, value_bytes, device_type)
-    mlp = b * s * (h + 8 * h // tp) * value_bytes
+    h, a, b, s, n = width, heads, batch, seq, batch * seq
+    r, z, i, v = (precision.nbytes(k) for k in ("residual", "stats", "input", "value"))
+    cast = precision.nbytes("weight_copy")
+    norm_tokens = n // tp if sequence_parallel else n
+    norm = norm_tokens * (h * r + 2 * z)
+    attn = n * (precision.input_copies * i * h + 4 * v * h // tp)
+    attn += precision.attention(b, a // tp, s, h // a, live) + cast * 4 * h * h // tp
+    mlp = n * (i * h + 8 * v * h // tp) + cast * 8 * h * h // tp
     return {"ln1": norm, "attn": attn, "ln2": norm, "mlp": mlp}
-
-
-def fused_attention_lse_bytes(
-    batch: int,
-    heads: int,
-    seq: int,
-    value_bytes: int = 4,
-    device_type: str = "cpu",
-) -> int:
-    """Bytes torch's fused attention keeps for backward besides q, k, v and its
-    output, for `heads` heads of `seq` tokens.
-
-    On the CPU (`_scaled_dot_product_flash_attention_for_cpu`): one log-sum-exp per
-    head and token, `value_bytes` each (measured by the tests). On CUDA, fp32 inputs
-    run the memory-efficient kernel: FlashAttention and cuDNN's take only fp16 and
-    bf16 (pytorch/pytorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
-    `check_dtypes_low_precision`; `can_use_mem_efficient_attention` takes fp32 on
-    sm80 and later, head sizes divisible by 4). Its log-sum-exp is float32 and
-    padded to a multiple of 32 tokens, and it keeps its random-number state, a seed
-    and an offset (two int64), for the dropout it may replay: torch's own shape
-    function says so (`meta__scaled_dot_product_efficient_
-    attention` in torch/_meta_registrations.py, torch 2.14.1: `logsumexp_dim =
-    math.ceil(M / 32) * 32`, then `seed` and `offset`, 0-d long tensors). ROCm's
-    build pads nothing; no test here has measured the CUDA count on a GPU.
-    """
-    if device_type == "cuda":
-        return batch * heads * math.ceil(seq / 32) * 32 * 4 + 2 * 8
-    return batch * heads * seq * value_bytes
 
 
 def korthikanti_bytes(
@@ -254,8 +245,9 @@ def layer_activation_bytes(
     keep the all-gathered input; Megatron-LM keeps its part and gathers it again).
     Recompute "selective" drops the scores (Korthikanti's attention core), "full"
     keeps only the layer's input (split by t with sequence parallelism).
-    `device_type` matters only for fused attention: "cuda" counts what CUDA's
-    kernel keeps instead of the CPU's (`fused_attention_lse_bytes`).
+    `device_type` matters only for fused attention: "cuda" counts what the kernel
+    CUDA picks keeps instead of the CPU's (`dtypes.Precision.attention`: value_bytes
+    4 is fp32, 2 bf16).
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
@@ -272,8 +264,12 @@ def layer_activation_bytes(
     norm = tokens * ((h + stats) * v) // split
     if scores_kept:  # bytes of the scores, with dropout their mask and output
         scores = tokens * a // tp * s * (2 * v + m if m else v)
-    else:  # fused: a log-sum-exp per head (on CUDA, padded, with an RNG state)
-        scores = fused_attention_lse_bytes(batch, a // tp, s, v, device_type)
+    else:  # fused: a log-sum-exp per head (on CUDA, with an RNG state)
+        kind, capability = rules_for(device_type)
+        policy = "fp32" if v == 4 else "bf16"
+        scores = Precision(policy, kind, capability).attention(
+            batch, a // tp, s, h // a
+        )
     col_in = h * v if keep_gathered else h * v // split  # a column layer's input
     return {
         "ln1": norm,
