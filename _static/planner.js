@@ -36,19 +36,26 @@
     ["model", "capacity_factor", "expert capacity factor", "float", 1.25],
     ["run", "batch", "global batch (sequences)", "int", 256],
     ["policy", "dtype", "dtype policy", "select", "bf16",
-      [["fp32", "fp32"], ["bf16", "bf16 mixed"]]],
+      [["fp32", "fp32"], ["bf16", "bf16 weights, fp32 master"],
+        ["amp-bf16", "fp32 weights, bf16 autocast"]]],
     ["policy", "reduce", "gradients reduced in", "select", "bf16",
       [["fp32", "fp32"], ["bf16", "bf16"]]],
     ["policy", "optimizer", "optimizer", "select", "adamw",
-      [["adamw", "AdamW"], ["sgd", "SGD"]]],
+      [["adamw", "AdamW (foreach)"], ["adamw-fused", "AdamW (fused)"], ["sgd", "SGD"]]],
     ["hardware", "gpu", "GPU", "select", "h100",
       [["h100", "H100 SXM"], ["h200", "H200 SXM"], ["a100", "A100 SXM"]]],
     ["run", "gpus", "GPUs", "int", 64],
     ["hardware", "gpus_per_node", "GPUs per node", "int", 8],
-    ["hardware", "memory_gb", "memory (GB)", "float", 80],
+    ["hardware", "memory_mib", "memory (MiB, as nvidia-smi)", "float", 81559],
     ["hardware", "tflops_bf16", "peak TFLOP/s, bf16", "float", 989.5],
+    ["hardware", "efficiency_bf16", "share of bf16 peak reached", "float", 0.65],
     ["hardware", "tflops_fp32", "peak TFLOP/s, fp32", "float", 67],
-    ["hardware", "efficiency", "share of peak reached", "float", 0.5],
+    ["hardware", "efficiency_fp32", "share of fp32 peak reached", "float", 0.8],
+    ["hardware", "bandwidth_tbs", "memory bandwidth (TB/s)", "float", 3.35],
+    ["hardware", "efficiency_memory", "share of bandwidth reached", "float", 0.8],
+    ["hardware", "workspace_mib", "cuBLAS workspace (MiB)", "float", 64],
+    ["hardware", "context_mib", "CUDA context (MiB)", "float", 512],
+    ["hardware", "nccl_mib", "NCCL buffers a group (MiB)", "float", 512],
     ["hardware", "node_gbs", "in-node GB/s (one way)", "float", 450],
     ["hardware", "network_gbs", "network GB/s", "float", 50],
     ["hardware", "alpha_node_us", "in-node latency (µs)", "float", 5],
@@ -74,8 +81,10 @@
     ["GPUs", ["hardware:gpu", "run:gpus", "hardware:*"]],
     ["Layout", ["layout:*"]],
   ];
-  const SHEET_KEYS = ["tflops_fp32", "tflops_bf16", "memory_gb", "node_gbs",
-    "network_gbs", "alpha_node_us", "alpha_network_us", "efficiency", "gpus_per_node"];
+  const SHEET_KEYS = ["tflops_fp32", "tflops_bf16", "efficiency_fp32",
+    "efficiency_bf16", "bandwidth_tbs", "efficiency_memory", "memory_mib",
+    "workspace_mib", "context_mib", "nccl_mib", "node_gbs", "network_gbs",
+    "alpha_node_us", "alpha_network_us", "gpus_per_node"];
 
   function el(tag, attrs, ...children) {
     const e = document.createElement(tag);
@@ -145,7 +154,7 @@
       else v[e.name] = parse(e.value, e.dataset.kind);
     }
     const preset = P.GPUS[v.gpu];
-    const hardware = P.fromSheet(preset.name, preset.source, v);
+    const hardware = P.fromSheet(preset.name, preset.source, preset.arch, v);
     const layout = {};
     for (const k of ["dp", "tp", "pp", "micro_batches", "sp", "ckpt", "schedule",
       "virtual", "bucket_view", "ep", "cp"]) layout[k] = v[k];

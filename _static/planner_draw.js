@@ -9,23 +9,36 @@
   const LEFT = 92;
   const COLORS = {
     parameters: "#0072B2", gradients: "#E69F00", optimizer: "#009E73",
-    activations: "#CC79A7", buffers: "#56B4E9",
-    compute: "#0072B2", bubble: "#999999", tp: "#D55E00", pp: "#F0E442", dp: "#009E73",
+    activations: "#CC79A7", loss: "#D55E00", temporaries: "#F0E442",
+    buffers: "#56B4E9", workspace: "#999999",
+    compute: "#0072B2", memory: "#56B4E9", optimizer_step: "#009E73",
+    bubble: "#999999", tp: "#D55E00", pp: "#F0E442", dp: "#CC79A7",
     cp: "#882255", ep: "#332288",
   };
   const KIND_LABELS = {
     parameters: "parameters", gradients: "gradients", optimizer: "optimizer state",
-    activations: "activations", buffers: "buffers",
+    activations: "activations", loss: "loss region", temporaries: "temporaries",
+    buffers: "buffers", workspace: "cuBLAS workspace",
+  };
+  const MOMENT_LABELS = {
+    loss: "the loss's backward", backward: "a block's backward",
+    step: "the optimizer's step",
   };
   const PART_LABELS = {
-    compute: "compute", bubble: "pipeline bubble", tp: "tensor-parallel messages",
-    pp: "pipeline messages", dp: "data-parallel messages",
+    compute: "matmuls", memory: "element-wise work", optimizer: "optimizer step",
+    bubble: "pipeline bubble", tp: "tensor-parallel messages",
+    pp: "pipeline messages", dp: "data-parallel messages (not hidden)",
     cp: "context-parallel messages", ep: "expert-parallel messages",
   };
 
   /** The step's parts: cp and ep where the layout has them (time's keys). */
   function parts(p) {
-    return ["compute", "bubble", "tp", "pp", "dp", "cp", "ep"].filter((k) => k in p.time);
+    return ["compute", "memory", "optimizer", "bubble", "tp", "pp", "dp", "cp", "ep"]
+      .filter((k) => k in p.time);
+  }
+
+  function color(part) {
+    return part === "optimizer" ? COLORS.optimizer_step : COLORS[part];
   }
 
   function svg(tag, attrs, ...children) {
@@ -39,15 +52,24 @@
     return window.dcPlannerParts;
   }
 
+  /** Swatches and labels from LEFT, wrapping onto a new row of 16 units at the
+      SVG's width; `g.rows` says how many rows it took. */
   function legend(keys, labels, y) {
     const g = svg("g", { class: "dc-plan-legend" });
-    let x = LEFT;
+    let x = LEFT, rows = 1;
     for (const k of keys) {
+      const width = 24 + 6.2 * labels[k].length;
+      if (x + width > W && x > LEFT) {
+        x = LEFT;
+        y += 16;
+        rows += 1;
+      }
       g.append(svg("rect", { x, y, width: 10, height: 10, fill: COLORS[k] }));
       const label = svg("text", { x: x + 14, y: y + 9 }, labels[k]);
       g.append(label);
-      x += 24 + 6.2 * labels[k].length;
+      x += width;
     }
+    g.rows = rows;
     return g;
   }
 
@@ -72,9 +94,12 @@
     const cap = Number(p.hardware.memory);
     return [
       "The model has ", out("b", "params", p.params, (Number(p.params) / 1e9).toFixed(2) + " B"),
-      " parameters on ", out("b", "gpus", p.gpus, String(p.gpus)), " GPUs. The fullest GPU holds ",
+      " parameters on ", out("b", "gpus", p.gpus, String(p.gpus)), " GPUs. The fullest GPU peaks at ",
       out("b", "memory.total", p.memory.total, gib(p.memory.total) + " GiB"),
-      ` of its ${gib(cap)} GiB (${cap / 1e9} GB): `,
+      " during ", out("span", "moment", p.moment, MOMENT_LABELS[p.moment]),
+      ", and keeps ", out("span", "reserve", p.reserve, gib(p.reserve) + " GiB"),
+      ` free for the CUDA context and NCCL, of its ${gib(cap)} GiB `,
+      `(${Math.round(cap / 2 ** 20).toLocaleString("en-US")} MiB): `,
       out("b", "fits", p.fits, p.fits ? "it fits" : "it does not fit", {
         class: p.fits ? "dc-plan-fits" : "dc-plan-over",
       }),
@@ -96,7 +121,7 @@
     const cap = Number(p.hardware.memory);
     const scale = (W - LEFT - 10) / Math.max(Number(most), cap);
     const s = svg("svg", {
-      viewBox: `0 0 ${W} ${top + chart + 30}`, class: "dc-plan-svg", role: "img",
+      viewBox: `0 0 ${W} ${top + chart + 46}`, class: "dc-plan-svg", role: "img",
       "aria-label": "memory per GPU by kind, one bar per pipeline rank",
     });
     const every = Math.ceil(12 / height);
@@ -118,8 +143,13 @@
     });
     const x = LEFT + cap * scale;
     s.append(svg("line", { x1: x, x2: x, y1: top - 6, y2: top + chart, class: "dc-plan-cap" }));
+    const usable = LEFT + (cap - Number(p.reserve)) * scale;
+    s.append(svg("line", {
+      x1: usable, x2: usable, y1: top - 2, y2: top + chart, class: "dc-plan-cap",
+      "stroke-dasharray": "2,3",
+    }));
     s.append(svg("text", { x: Math.min(x, W - 4), y: top - 8, "text-anchor": "end" },
-      `GPU memory ${T().gib(cap)} GiB`));
+      `GPU memory ${T().gib(cap)} GiB (dotted: less the reserve)`));
     s.append(legend(window.dcPlan.KINDS, KIND_LABELS, top + chart + 10));
     return s;
   }
@@ -127,15 +157,21 @@
   function timeChart(p) {
     const scale = (W - LEFT - 10) / p.time.total;
     const s = svg("svg", {
-      viewBox: `0 0 ${W} 76`, class: "dc-plan-svg", role: "img",
+      viewBox: `0 0 ${W} 92`, class: "dc-plan-svg", role: "img",
       "aria-label": "seconds per step by part",
     });
     s.append(svg("text", { x: LEFT - 6, y: 19, "text-anchor": "end" }, "one step"));
-    s.append(bar(parts(p).map((k) => [`bar.time.${k}`, p.time[k], COLORS[k],
+    s.append(bar(parts(p).map((k) => [`bar.time.${k}`, p.time[k], color(k),
       `${PART_LABELS[k]}: ${T().seconds(p.time[k])}`]), 4, 22, scale));
-    const short = { tp: "TP", pp: "PP", dp: "DP", cp: "CP", ep: "EP" };
+    const short = {
+      memory: "element-wise", optimizer: "optimizer", tp: "TP", pp: "PP", dp: "DP",
+      cp: "CP", ep: "EP",
+    };
     const labels = Object.assign({}, PART_LABELS, short);
-    s.append(legend(parts(p), labels, 40));
+    const keys = parts(p);
+    const g = legend(keys, labels, 40);
+    g.querySelectorAll("rect").forEach((r, i) => r.setAttribute("fill", color(keys[i])));
+    s.append(g);
     return s;
   }
 
@@ -152,14 +188,20 @@
   function tables(p) {
     const { out, gib, seconds } = T();
     const kinds = window.dcPlan.KINDS.map((k) => [KIND_LABELS[k],
-      gib(p.memory[k]), out("span", `memory.${k}`, p.memory[k], p.memory[k].toString())]);
-    kinds.push(["total", gib(p.memory.total), p.memory.total.toString()]);
+      out("span", `peak.${k}`, p.peak[k], gib(p.peak[k])),
+      out("span", `memory.${k}`, p.memory[k], gib(p.memory[k]))]);
+    kinds.push(["total", out("span", "peak.total", p.peak.total, gib(p.peak.total)),
+      gib(p.memory.total)]);
+    const moments = Object.keys(p.moments).map((m) => [`at ${MOMENT_LABELS[m]}`,
+      out("span", `moments.${m}`, p.moments[m], gib(p.moments[m])), ""]);
     const steps = parts(p).map((k) => [PART_LABELS[k],
       out("span", `time.${k}`, p.time[k], seconds(p.time[k])),
+      k in p.messages ? out("span", `messages.${k}`, p.messages[k], seconds(p.messages[k])) : "",
       k in p.wire ? out("span", `wire.${k}`, p.wire[k], gib(p.wire[k])) : ""]);
     return [
-      table(["the fullest GPU holds", "GiB", "bytes"], kinds),
-      table(["a step spends", "time", "GiB on the wire"], steps),
+      table(["the fullest GPU holds", "GiB at its peak", "GiB at its largest"],
+        kinds.concat(moments)),
+      table(["a step spends", "time", "messages' own time", "GiB on the wire"], steps),
     ];
   }
 

@@ -3,13 +3,14 @@
 book/10b_planner_page.md runs a JavaScript port of the package's formulas
 (_static/plan/*.js). This test is what keeps the two equal: in one page load it
 types each input set of a deterministic grid (CASES: every degree, schedule,
-ZeRO stage, checkpointing, sequence parallelism, dtype policy, GPU and model
-preset, chapter 12's experts (MoE, ep) and context parallelism (cp), and
-impossible layouts) into the page's form as a reader would (a value,
+ZeRO stage, checkpointing, sequence parallelism, dtype policy (fp32, bf16,
+amp-bf16), optimizer, GPU and model preset, chapter 12's experts (MoE, ep) and
+context parallelism (cp), and impossible layouts) into the page's form as a reader would (a value,
 then an input event, field by field), reads every number the page shows (each
 carries its exact value in data-key / data-value), and compares them with
-`plan.predict(...).to_dict()`: byte, FLOP and GPU counts exactly, seconds, tokens/s
-and MFU to a relative 1e-9; for an impossible layout, the page's message must be
+`plan.predict(...).to_dict()`: byte, FLOP and GPU counts exactly, the peak's
+moment by name, seconds, tokens/s and MFU to a relative 1e-9; for an impossible
+layout, the page's message must be
 the ValueError's. Served and driven as tests/test_book_browser.py does (its
 fixtures); `make browser` builds the book first.
 """
@@ -26,12 +27,13 @@ from test_book_browser import HEIGHT, WIDTH, browser, site  # noqa: F401 (fixtur
 from distcourse import plan
 
 PAGE = "book/10b_planner_page.html"
-GB = 10**9
+GB, MIB = 10**9, 2**20
 # The form's fields in the order they are typed: the GPU first (choosing one fills
 # the SHEET fields after it with its datasheet figures), then the rest.
 SHEET = (
-    "tflops_fp32 tflops_bf16 memory_gb node_gbs network_gbs alpha_node_us "
-    "alpha_network_us efficiency gpus_per_node"
+    "tflops_fp32 tflops_bf16 efficiency_fp32 efficiency_bf16 bandwidth_tbs "
+    "efficiency_memory memory_mib workspace_mib context_mib nccl_mib node_gbs "
+    "network_gbs alpha_node_us alpha_network_us gpus_per_node"
 ).split()
 ORDER = ["gpu", *SHEET] + (
     "layers hidden heads seq vocab experts top_k capacity_factor batch gpus dtype "
@@ -39,21 +41,29 @@ ORDER = ["gpu", *SHEET] + (
     "bucket_view"
 ).split()
 DENSE = dict(experts=0, top_k=1, capacity_factor=1.25, ep=1, cp=1)
-# A GPU in the form's units (TFLOP/s, GB, GB/s a direction, microseconds): the
-# figures plan/hardware.py takes from the datasheets (NVLink's halved), 5 and 10 us,
-# half of peak, 8 GPUs a node. Typed unchanged, they give plan.GPUS[gpu] to the bit
-# (test_the_grid_covers_every_setting).
+# A GPU in the form's units (TFLOP/s, TB/s, MiB, GB/s a direction, microseconds):
+# the figures plan/hardware.py takes from the datasheets (NVLink's halved), the
+# memory nvidia-smi reports, cuBLAS's workspaces, 5 and 10 us, 8 GPUs a node. Typed
+# unchanged, they give plan.GPUS[gpu] to the bit (test_the_grid_covers_every_setting).
 SHEETS = {
-    gpu: dict(zip(SHEET, (*figures, 5, 10, 0.5, 8), strict=True))
-    for gpu, figures in {
-        "h100": (67, 989.5, 80, 450, 50),
-        "h200": (67, 989.5, 141, 450, 50),
-        "a100": (19.5, 312, 80, 300, 25),
+    gpu: dict(
+        zip(
+            SHEET,
+            (*flops, 0.8, 0.65, tbs, 0.8, mib, ws, 512, 512, *links, 5, 10, 8),
+            strict=True,
+        )
+    )
+    for gpu, (flops, tbs, mib, ws, links) in {
+        "h100": ((67, 989.5), 3.35, 81559, 64, (450, 50)),
+        "h200": ((67, 989.5), 4.8, 143771, 64, (450, 50)),
+        "a100": ((19.5, 312), 2.039, 81920, 16.25, (300, 25)),
     }.items()
 }
 CHANGED = dict(  # a GPU of the reader's own figures
-    tflops_fp32=30.5, tflops_bf16=400, memory_gb=40.5, node_gbs=200
-) | dict(network_gbs=12.5, alpha_node_us=2.5, alpha_network_us=20)
+    tflops_fp32=30.5, tflops_bf16=400, memory_mib=40960, node_gbs=200
+) | dict(network_gbs=12.5, alpha_node_us=2.5, alpha_network_us=20, bandwidth_tbs=1.5)
+CHANGED |= dict(efficiency_fp32=0.7, efficiency_memory=0.9, workspace_mib=32)
+CHANGED |= dict(context_mib=600, nccl_mib=300)
 SHAPE = ("layers", "hidden", "heads", "seq", "vocab")
 MODELS = {  # a small GPT, and the shapes of ModelSpec.from_params(7e9), (70e9)
     "small": (8, 512, 8, 1024, 50304),
@@ -110,13 +120,13 @@ def variants(i: int, dp: int, tp: int, pp: int, m: int) -> Iterator[dict[str, An
             sheet,
             gpu=gpu,
             gpus_per_node=(8, 8, 4)[(j // 3) % 3],
-            efficiency=(0.5, 0.5, 0.35)[k % 3],
+            efficiency_bf16=(0.65, 0.65, 0.35)[k % 3],
             zero=str((i + 2 * k) % 4),
             ckpt=("none", "selective", "full")[j % 3],
             sp=tp > 1 and j % 2 == 0,
-            dtype=("fp32", "bf16")[k % 2],
+            dtype=("fp32", "bf16", "amp-bf16")[(i + k) % 3],
             reduce=("fp32", "bf16")[(j // 2) % 2],
-            optimizer=("adamw", "adamw", "sgd")[j % 3],
+            optimizer=("adamw", "adamw-fused", "sgd")[j % 3],
             bucket_view=j % 4 == 1,
             batch=dp * m * (1, 2, 4)[j % 3],
         )
@@ -158,8 +168,8 @@ IMPOSSIBLE = (  # each breaks one constraint of plan.check or of an input's own
     dict(hidden=4100),
     dict(vocab=32001),
     dict(seq=4097, sp=True),
-    dict(efficiency=0),
-    dict(memory_gb=0),
+    dict(efficiency_fp32=0),
+    dict(memory_mib=0),
     dict(node_gbs=-1),
     dict(ep=2, gpus=32),  # no experts to split
     dict(cp=3, gpus=48),  # 4096 tokens are not 6 zig-zag chunks
@@ -197,13 +207,20 @@ def hardware(case: dict[str, Any]) -> plan.Hardware:
         name=preset.name,
         flops_fp32=c["tflops_fp32"] * 1e12,
         flops_bf16=c["tflops_bf16"] * 1e12,
-        efficiency=float(c["efficiency"]),
-        memory=int(c["memory_gb"] * GB),
+        efficiency_fp32=float(c["efficiency_fp32"]),
+        efficiency_bf16=float(c["efficiency_bf16"]),
+        bandwidth=c["bandwidth_tbs"] * 1e12,
+        efficiency_memory=float(c["efficiency_memory"]),
+        memory=int(c["memory_mib"] * MIB),
+        workspace=int(c["workspace_mib"] * MIB),
+        context=int(c["context_mib"] * MIB),
+        nccl=int(c["nccl_mib"] * MIB),
         gpus_per_node=c["gpus_per_node"],
         alpha_node=c["alpha_node_us"] / 1e6,
         beta_node=1 / (c["node_gbs"] * GB),
         alpha_network=c["alpha_network_us"] / 1e6,
         beta_network=1 / (c["network_gbs"] * GB),
+        arch=preset.arch,
         source=preset.source,
     )
 
@@ -253,6 +270,8 @@ def differences(want: dict[str, Any], shown: dict[str, str]) -> list[str]:
             got = shown.get(k)
             if isinstance(value, bool):
                 ok = got == str(value).lower()
+            elif isinstance(value, str):
+                ok = got == value
             elif isinstance(value, int):
                 ok = got is not None and int(got) == value
             else:
@@ -283,7 +302,8 @@ def test_the_grid_covers_every_setting() -> None:
     assert len({str(sorted(c.items())) for c in CASES}) == len(CASES)
     for key in ORDER:
         assert len({c[key] for c in valid}) > 1, key
-    for key, values in (("zero", 4), ("ckpt", 3), ("schedule", 3), ("gpu", 3)):
+    settings = (("zero", 4), ("ckpt", 3), ("schedule", 3), ("gpu", 3), ("dtype", 3))
+    for key, values in (*settings, ("optimizer", 3)):
         assert len({c[key] for c in valid}) == values, key
     errors = {predict(c)["error"] for c in CASES[len(valid) :]}
     assert len(errors) == len(IMPOSSIBLE), errors
@@ -346,7 +366,7 @@ PREDICT = """(cases) => cases.map(([shape, batch, dtype, reduce, layout]) => {
     layout: big(plain), hardware: P.GPUS.h100};
   try {
     const p = P.predict(data, null), out = {};
-    for (const part of ['memory', 'time', 'wire'])
+    for (const part of ['memory', 'peak', 'time', 'messages', 'wire'])
       for (const [k, v] of Object.entries(p[part])) out[`${part}.${k}`] = String(v);
     out.flops = String(p.flops);
     return out;
@@ -368,7 +388,7 @@ def test_layouts_beyond_the_form_equal_the_python(page: Any) -> None:
             assert got == {"error": str(err)}
             continue
         want = found.to_dict()
-        for part in ("memory", "time", "wire"):
+        for part in ("memory", "peak", "time", "messages", "wire"):
             for key, value in want[part].items():
                 ok = math.isclose(float(got[f"{part}.{key}"]), value, rel_tol=1e-9)
                 exact = isinstance(value, float) or int(got[f"{part}.{key}"]) == value

@@ -57,11 +57,12 @@
     return (model.experts / layout.ep - 1n) * mlp + model.hidden * model.experts;
   }
 
-  function moeActivationDelta(model, n, t, e) {
+  function moeActivationDelta(model, n, t, prec) {
     if (!model.experts) return 0n;
     const h = model.hidden, k = model.top_k;
-    const dense = n * (h + (8n * h) / t) * e;
-    return n * h * e + n * model.experts * e + k * dense - dense;
+    const i = P.nbytes(prec, "input"), u = P.nbytes(prec, "value");
+    const dense = n * (i * h + (8n * u * h) / t);
+    return n * i * h + n * model.experts * u + k * dense - dense;
   }
 
   function moeFlopsDelta(model, n) {
@@ -70,7 +71,8 @@
     return n * ((model.top_k - 1n) * 16n * h * h + 2n * h * model.experts);
   }
 
-  function axisBuffers(model, layout, n, e) {
+  function axisBuffers(model, layout, n, prec) {
+    const e = P.nbytes(prec, "value");
     let out = 0n;
     if (model.experts) {
       out += dispatchBuffers(
@@ -83,8 +85,8 @@
   }
 
   /** {cp, ep}: [wire bytes, alpha steps] of one layer's step (degrees above 1). */
-  function layerMessages(model, layout, n, e) {
-    const c = layout.cp, ep = layout.ep;
+  function layerMessages(model, layout, n, prec) {
+    const c = layout.cp, ep = layout.ep, e = P.nbytes(prec, "value");
     const out = {};
     if (c > 1n) {
       const kv = n * (model.hidden / layout.tp) * e;

@@ -17,8 +17,8 @@
       flops += P.stageFlops(model, b, plain, k);
     }
     const useful = layout.shares * layout.micro_batches * flops;
-    const peak = P.rate(hw, policy.dtype) / hw.efficiency;
-    return Number(useful) / (Number(layout.gpus) * peak * seconds.total);
+    const most = P.peakFlops(hw, policy.matmul_dtype);
+    return Number(useful) / (Number(layout.gpus) * most * seconds.total);
   }
 
   /**
@@ -34,8 +34,20 @@
     const hw = P.hardwareCheck(data.hardware);
     const batch = data.batch;
     P.check(model, batch, layout, gpus);
-    const [fullest, ranks] = P.memory(model, batch, policy, layout);
-    const [seconds, wire, flops] = P.stepTime(model, batch, policy, layout, hw);
+    const ranks = P.memory(model, batch, policy, layout, hw);
+    const peaks = ranks.map((moments) => P.peak(moments));
+    let fullest = 0;
+    peaks.forEach(([, kinds], r) => {
+      if (kinds.total > peaks[fullest][1].total) fullest = r;
+    });
+    const moments = ranks[fullest];
+    const held = {};
+    for (const k of P.KINDS) held[k] = P.max(Object.values(moments).map((m) => m[k]));
+    held.total = peaks[fullest][1].total;
+    const totals = {};
+    for (const [name, kinds] of Object.entries(moments)) totals[name] = P.momentTotal(kinds);
+    const reserve = P.reserveBytes(layout, hw);
+    const [seconds, messages, wire, flops] = P.stepTime(model, batch, policy, layout, hw);
     return {
       model: model,
       batch: batch,
@@ -44,10 +56,15 @@
       hardware: hw,
       gpus: layout.gpus,
       params: P.params(model),
-      memory: fullest,
-      by_rank: ranks,
-      fits: fullest.total <= hw.memory,
+      memory: held,
+      peak: peaks[fullest][1],
+      moment: peaks[fullest][0],
+      moments: totals,
+      by_rank: peaks.map(([, kinds]) => kinds),
+      reserve: reserve,
+      fits: held.total + reserve <= BigInt(hw.memory),
       time: seconds,
+      messages: messages,
       wire: wire,
       flops: flops,
       tokens_per_s: Number(batch * model.seq) / seconds.total,

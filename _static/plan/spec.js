@@ -1,12 +1,14 @@
 /* distcourse.plan in JavaScript, for the planner page (book/10b_planner_page.md):
-   spec.js (this file) holds the inputs and the checks; hardware.js, memory.js,
-   timing.js and predict.js the rest, one file per module of the package.
+   spec.js (this file) holds the inputs and the checks; dtypes.js, hardware.js,
+   memory.js, work.js, timing.js and predict.js the rest, one file per module of
+   the package.
 
    A line-by-line port of the Python package's formulas (distcourse/plan: spec.py,
-   checks.py, axes.py, hardware.py, memory.py, timing.py, predict.py, and comm/ledger.py's
-   ring_wire_bytes, parallel/hybrid's parameters_held and links, parallel/tensor's
-   block_activation_bytes): the same names, the same order of operations, the same
-   error messages. The Python is the source of truth; the browser test
+   checks.py, axes.py, hardware.py, memory.py, work.py, timing.py, predict.py, and
+   comm/ledger.py's ring_wire_bytes, parallel/hybrid's parameters_held and links,
+   parallel/tensor's block_activation_bytes and dtypes.py, distcourse/sdpa.py's
+   kernel choice and what each kernel keeps): the same names, the same order of
+   operations, the same error messages. The Python is the source of truth; the browser test
    (tests/test_book_browser_planner.py) sets this page's inputs on a grid of layouts
    and holds every number equal to `distcourse.plan.predict(...).to_dict()`: bytes
    exactly, seconds to a relative 1e-9.
@@ -21,9 +23,14 @@
   "use strict";
   const P = (window.dcPlan = window.dcPlan || {});
 
-  const KINDS = ["parameters", "gradients", "optimizer", "activations", "buffers"];
-  const DTYPES = ["fp32", "bf16"];
-  const OPTIMIZERS = ["adamw", "sgd"];
+  const KINDS = [
+    "parameters", "gradients", "optimizer", "activations", "loss", "temporaries",
+    "buffers", "workspace",
+  ];
+  const MOMENTS = ["loss", "backward", "step"];
+  const DTYPES = ["fp32", "bf16", "amp-bf16"];
+  const REDUCES = ["fp32", "bf16"];
+  const OPTIMIZERS = ["adamw", "adamw-fused", "sgd"];
   const CKPT = ["none", "selective", "full"];
   const SCHEDULES = ["gpipe", "1f1b", "interleaved"];
 
@@ -97,16 +104,16 @@
   function dtypePolicy(d) {
     const p = {
       dtype: choice(d.dtype, "dtype", DTYPES),
-      reduce: choice(d.reduce, "reduce", DTYPES),
+      reduce: choice(d.reduce, "reduce", REDUCES),
       optimizer: choice(d.optimizer, "optimizer", OPTIMIZERS),
     };
-    p.weight_bytes = p.dtype === "fp32" ? 4n : 2n;
+    p.weight_bytes = p.dtype === "bf16" ? 2n : 4n;
     p.grad_bytes = p.weight_bytes;
     p.reduce_bytes = p.reduce === "fp32" ? 4n : 2n;
-    p.optimizer_bytes =
-      (p.optimizer === "adamw" ? 8n : 0n) + (p.dtype === "bf16" ? 4n : 0n);
-    p.step_bytes = p.optimizer === "adamw" ? 4n : 0n;
-    p.activation_bytes = p.weight_bytes;
+    p.adam = p.optimizer !== "sgd";
+    p.optimizer_bytes = (p.adam ? 8n : 0n) + (p.dtype === "bf16" ? 4n : 0n);
+    p.step_bytes = p.adam ? 4n : 0n;
+    p.matmul_dtype = p.dtype === "fp32" ? "fp32" : "bf16";
     return p;
   }
 
@@ -223,7 +230,7 @@
   }
 
   Object.assign(P, {
-    KINDS, DTYPES, OPTIMIZERS, CKPT, SCHEDULES,
+    KINDS, MOMENTS, DTYPES, REDUCES, OPTIMIZERS, CKPT, SCHEDULES,
     floatRepr, repr, count, choice, modelSpec, params, dtypePolicy, planLayout, check,
   });
 })();
