@@ -7,7 +7,8 @@
 #
 # A box without network: put the pure-Python packages it lacks (ipyparallel, nbclient,
 # ... ; `bash tools/gpu_wheels.sh` downloads them on a machine with network) in .whl/ and
-# they are installed into a private folder first. Nothing is written to the book.
+# they are installed into a private folder first. Nothing is written to the book (the
+# traces and measure steps write under tests/data/, for a commit).
 # Steps, each reported PASS or FAIL with its time in one summary at the end (logs and
 # the book run's report under $OUT, default _build/gpu_check):
 #   check     python -m distcourse check (versions, GPUs, a 2-rank all_reduce)
@@ -22,6 +23,11 @@
 #             NCCL rank), recorded into $TRACES; TRACES defaults to
 #             tests/data/gpu_traces/<date>-<gpu>: commit that folder, and
 #             tests/test_emulate_recorder.py diffs the emulated box against it
+#   measure   python -m distcourse.plan.phases: TinyGPT steps (12 x 768 and 24 x 2048,
+#             fp32 and bf16 autocast), memory per phase by max_memory_allocated and
+#             the step's time, beside the planner's prediction; appends the rows to
+#             tests/data/gpu_measurements.json (commit it: tests/test_plan_phases.py
+#             holds the planner to every row)
 #   unit      (GPU_CHECK_UNIT=1 only) the CPU unit tests on this torch, 8 at a time
 # (Without a GPU, `make test-gpu` runs both on an emulated GPU box instead.)
 set -uo pipefail
@@ -72,6 +78,7 @@ TRACES=${TRACES:-tests/data/gpu_traces/$(date -u +%F)-$gpu}
 step traces env DISTCOURSE_GPU_SUITE_DEVICE=cuda DISTCOURSE_TRACE_DIR="$TRACES/gpu-suite" \
     "$PYTHON" -m pytest tests/gpu -q -rs -p no:cacheprovider -k world1
 step programs "$PYTHON" tools/record_traces.py "$TRACES" --device cuda
+step measure "$PYTHON" -m distcourse.plan.phases --append tests/data/gpu_measurements.json
 # The CPU unit tests on the box's own torch, 8 at a time (pytest-xdist), capped at 5
 # minutes. Left out: the browser test, the GPU suite (above), and what checks that the
 # environment is the locked one (envcheck, import-linter's command): a GPU image is not.
