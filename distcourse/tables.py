@@ -74,11 +74,16 @@ _TABLE_STYLE = (
     "border-collapse:collapse;margin:0.25em 0;font-size:0.85em;"
     "font-variant-numeric:tabular-nums"
 )
-_CELL_STYLE = (
-    "padding:0.2em 0.7em;white-space:pre;border-bottom:1px solid rgba(127,127,127,0.25)"
-)
-_HEAD_STYLE = _CELL_STYLE + ";font-weight:bold;border-bottom-width:2px"
+_ROW_STYLE = "border-bottom:1px solid rgba(127,127,127,0.25)"
+_HEAD_ROW_STYLE = "border-bottom:2px solid rgba(127,127,127,0.45)"
+_CELL_STYLE = "padding:0.2em 0.7em;white-space:pre"
 _SIDE = {"<": "left", ">": "right", "^": "center"}
+
+
+def _cell(tag: str, text: str, how: str, extra: str = "") -> str:
+    """One <th> or <td>: never wrapped, aligned as its column (left unsaid)."""
+    side = "" if how == "<" else f";text-align:{_SIDE[how]}"
+    return f'<{tag}{extra} style="{_CELL_STYLE}{side}">{escape(text)}</{tag}>'
 
 
 class Table:
@@ -121,8 +126,7 @@ class Table:
         """The text/html form: a <table class="dc-table"> with one <th> per column
         and a data-label per cell (the column's name, for the phone layout)."""
         head = "".join(
-            f'<th style="{_HEAD_STYLE};text-align:{_SIDE[a]}">{escape(h)}</th>'
-            for h, a in zip(self.header, self.align, strict=False)
+            _cell("th", h, a) for h, a in zip(self.header, self.align, strict=False)
         )
         body = []
         for row in self.rows:
@@ -132,11 +136,9 @@ class Table:
                 span = self.columns - k if k == len(row) - 1 else 1
                 more = f' colspan="{span}"' if span > 1 else ""
                 label = self.header[k] if k < len(self.header) else ""
-                cells.append(
-                    f'<td{more} data-label="{escape(label)}" style="{_CELL_STYLE};'
-                    f'text-align:{_SIDE[self.align[k]]}">{escape(cell)}</td>'
-                )
-            body.append(f"<tr>{''.join(cells)}</tr>")
+                extra = f'{more} data-label="{escape(label)}"'
+                cells.append(_cell("td", cell, self.align[k], extra))
+            body.append(f'<tr style="{_ROW_STYLE}">{"".join(cells)}</tr>')
         caption = (
             f'<caption style="caption-side:top;text-align:left">'
             f"{escape(self.caption)}</caption>"
@@ -145,7 +147,8 @@ class Table:
         )
         return (
             f'<div class="dc-table"><table style="{_TABLE_STYLE}">{caption}'
-            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
+            f'<thead><tr style="{_HEAD_ROW_STYLE}">{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody>"
             "</table></div>"
         )
 
