@@ -1,4 +1,5 @@
-"""distcourse.viz.memory: loss curves side by side; memory stacked by kind."""
+"""distcourse.viz.memory: loss curves side by side; memory stacked by kind; one
+step's memory over time by kind."""
 
 from __future__ import annotations
 
@@ -24,3 +25,14 @@ def test_memory_stacks_puts_each_kind_on_the_one_below() -> None:
     heights = [(p.get_y(), p.get_height()) for p in ax.patches]
     assert heights == [(0, 2), (0, 4), (2, 12), (4, 8)]
     assert len(ax.lines) == 1  # the limit
+
+
+def test_memory_timeline_stacks_the_kinds_and_marks_phases_and_moments() -> None:
+    series = {"parameters": [4, 4, 4], "activations": [0, 3, 1], "loss": [0, 2, 0]}
+    fig = viz.memory_timeline(series, {"forward": 10, "step": 12}, {"loss": 9}, "B", 1)
+    ax = fig.axes[0]
+    assert [c.get_label() for c in ax.collections] == list(series)
+    tops = ax.collections[-1].get_paths()[0].vertices[:, 1].max()
+    assert tops == 9  # 4 + 3 + 2, the step's largest
+    assert [line.get_xdata()[0] for line in ax.lines[:2]] == [0, 2]  # from the first
+    assert ax.lines[2].get_ydata()[0] == 9  # the planner's moment

@@ -65,6 +65,14 @@ SAMPLES: dict[str, Callable[[], Figure]] = {
     "loss_curves": lambda: viz.loss_curves(
         {"fp32": [3.0, 2.0, 1.0], "bf16": [3.0, 2.1, 1.1]}, "TinyGPT"
     ),
+    "memory_timeline": lambda: viz.memory_timeline(
+        {"parameters": [4, 4, 4, 4], "activations": [0, 3, 5, 1], "loss": [0, 0, 2, 0]},
+        {"forward": 0, "backward": 2, "step": 3},
+        {"loss": 11},
+        "bytes",
+        1,
+        "one step",
+    ),
     "memory_stacks": lambda: viz.memory_stacks(
         {
             n: {"parameters": 2, "gradients": 2, "optimizer": 8, "activations": 5}

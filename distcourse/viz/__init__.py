@@ -16,7 +16,7 @@ the book, and refuses one whose text the book would show too small to read.
 from distcourse.viz.context import ring_blocks
 from distcourse.viz.duality import conversion_bytes
 from distcourse.viz.experts import dispatch_matrix, expert_load
-from distcourse.viz.memory import loss_curves, memory_stacks
+from distcourse.viz.memory import loss_curves, memory_stacks, memory_timeline
 from distcourse.viz.mesh import axis_bytes, layout_costs, mesh_groups
 from distcourse.viz.numbered import Numbered, figure
 from distcourse.viz.recorded import calls
@@ -42,6 +42,7 @@ __all__ = [
     "layout_costs",
     "loss_curves",
     "memory_stacks",
+    "memory_timeline",
     "bytes_against_ranks",
     "memory_for_communication",
     "mesh_groups",

@@ -1,6 +1,7 @@
-"""Figures of chapter 10: loss curves side by side (fp32 against bf16), and the
+"""Figures of chapter 10: loss curves side by side (fp32 against bf16), the
 memory of a rank stacked by kind (parameters, gradients, optimizer, activations,
-buffers), one bar per layout or model.
+buffers), one bar per layout or model, and one step's memory over time, stacked by
+kind, with the planner's moments beside it.
 """
 
 from __future__ import annotations
@@ -49,4 +50,48 @@ def memory_stacks(
     if len(bars) > 5:  # names side by side would collide
         ax.tick_params(axis="x", labelrotation=30)
     ax.legend()
+    return finish(fig, ax, title)
+
+
+@styled
+def memory_timeline(
+    series: Mapping[str, Sequence[int]],
+    phases: Mapping[str, int],
+    moments: Mapping[str, float] | None = None,
+    unit: str = "MiB",
+    scale: float = 2**20,
+    title: str = "",
+) -> Figure:
+    """The bytes alive after each operator of a step, stacked by kind (`series`:
+    kind -> bytes per operator, as `plan.phases.timeline` gives them); a dotted
+    line where each phase begins (`phases`: name -> operator index, from the
+    first); `moments` (name -> bytes, e.g. the planner's) as dashed levels."""
+    fig, ax = plt.subplots(figsize=(6.6, 3.8))
+    steps = range(len(next(iter(series.values()))))
+    ax.stackplot(
+        steps,
+        *([v / scale for v in values] for values in series.values()),
+        labels=list(series),
+        linewidth=0,
+    )
+    start = min(phases.values())
+    top = max(sum(kind[i] for kind in series.values()) for i in steps) / scale
+    for name, at in phases.items():
+        ax.axvline(at - start, color="0.35", lw=0.8, ls=":")
+        ax.text(at - start + 2, top * 1.02, name, fontsize=9.5, va="bottom")
+    for name, level in (moments or {}).items():
+        ax.axhline(level / scale, color="0.1", lw=0.9, ls="--")
+        ax.text(
+            len(steps) - 1,
+            level / scale,
+            f"plan: {name}",
+            fontsize=9.5,
+            ha="right",
+            va="bottom",
+        )
+    ax.set_xlim(0, len(steps) - 1)
+    ax.set_ylim(0, top * 1.12)
+    ax.set_xlabel("operator of the step")
+    ax.set_ylabel(unit)
+    ax.legend(loc="upper left", ncol=2, fontsize=9.5)
     return finish(fig, ax, title)
