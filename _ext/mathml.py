@@ -1,4 +1,4 @@
-"""Sphinx extension: formulas typeset as MathML when the book is built.
+r"""Sphinx extension: formulas typeset as MathML when the book is built.
 
 The chapters write formulas in MyST's dollar math ($x^2$ inline, $$...$$ on their
 own line; JupyterLab renders the same with its MathJax). Sphinx would load MathJax
@@ -7,10 +7,14 @@ network), would get plain TeX and a console error. Here each formula becomes Mat
 at build time (latex2mathml, pure Python), which browsers typeset themselves
 (MathML Core: Chromium since 109, Firefox, Safari): no script, nothing fetched.
 A formula latex2mathml cannot read fails the build (`make book` runs with -W).
+latex2mathml reads one-line formulas well; for lines aligned on their "=" write
+\begin{array}{rcl} a & = & b \\ c & = & d \end{array} (its `aligned` gives no
+table).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from docutils import nodes
@@ -18,14 +22,17 @@ from latex2mathml.converter import convert
 from sphinx.util import logging
 
 LOG = logging.getLogger(__name__)
+ALIGN = re.compile(r'columnalign="(left|right|center)"')
 
 
 def _mathml(self: Any, node: nodes.Element, latex: str, display: str) -> str:
     try:
-        return convert(latex.strip(), display=display)
+        found = convert(latex.strip(), display=display)
     except Exception as error:  # latex2mathml raises its own kinds of error
         LOG.warning(f"formula {latex!r}: {error}", location=node)
         return f'<code class="dc-math-error">{self.encode(latex)}</code>'
+    # \begin{array}{rcl}: MathML Core drops mtd's columnalign; CSS does the same
+    return ALIGN.sub(r'columnalign="\1" style="text-align:\1"', found)
 
 
 def visit_inline(self: Any, node: nodes.Element) -> None:
