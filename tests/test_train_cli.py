@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from distcourse.train.cli import main, parser, settings
+from distcourse.train.cli import main
+from distcourse.train.flags import parser, settings
 from distcourse.train.layout import TrainLayout
 
 
@@ -20,6 +21,14 @@ def test_flags_become_the_layout_and_the_run() -> None:
     assert layout == TrainLayout(dp=2, pp=2, tp=2, micro_batches=4, ckpt="full")
     assert (run.optimizer, run.lr, run.steps, run.n_layer) == ("sgd", 0.5, 7, 2)
     assert (run.ckpt_dir, run.ckpt_every, run.seed) == ("out", 3, 5)
+    more = ["--model", "gpt2-124m", "--dtype", "bf16", "--zero", "2", "--clip", "1"]
+    layout, run = settings(parser().parse_args(more + ["--schedule", "interleaved"]))
+    assert (layout.dtype, layout.data_mode, layout.schedule) == (
+        "bfloat16",
+        "zero2",
+        "interleaved",
+    )
+    assert (run.preset, run.lr, run.clip, run.seq) == ("gpt2-124m", 6e-4, 1.0, None)
 
 
 def test_micro_batches_has_a_long_name_torchrun_accepts() -> None:
@@ -48,17 +57,27 @@ def test_data_parallelism_takes_the_ranks_the_other_degrees_leave(
     assert "layout dp=1 x pp=4 x tp=1 = 4 ranks, but the world has 6" in err
 
 
-def test_check_refuses_a_pair_by_name_and_accepts_a_layout(
+def test_check_refuses_by_name_and_accepts_every_composition(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(SystemExit) as ended:
-        main(["--check", "--dp", "2", "--pp", "2", "--fsdp"])
+        main(["--check", "--dp", "2", "--cp", "2"])
     assert ended.value.code == 2
-    assert "--fsdp with --pp 2" in capsys.readouterr().err
-    main(["--check", "--dp", "2", "--pp", "2", "--micro-batches", "2"])
+    assert "--cp 2: this trainer does not compose context" in capsys.readouterr().err
+    main(["--check", "--dp", "2", "--pp", "2", "--micro-batches", "2", "--fsdp"])
     assert capsys.readouterr().out == (
-        "2x2x1 m2 1f1b (dp x pp x tp) fits 4 ranks: accepted\n"
+        "2x2x1 m2 1f1b fsdp (dp x pp x tp) fits 4 ranks: accepted\n"
     )
+
+
+def test_without_torchrun_a_layout_of_more_ranks_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit) as ended:
+        main(["--tp", "2", "--steps", "1"])  # one process: a world of 1
+    assert ended.value.code == 2
+    assert "= 2 ranks, but the world has 1" in capsys.readouterr().err
 
 
 def test_plan_chooses_the_layout_and_refuses_layout_flags(
@@ -68,9 +87,10 @@ def test_plan_chooses_the_layout_and_refuses_layout_flags(
     monkeypatch.delenv("RANK", raising=False)
     main(["--check", "--plan", "h100"])
     first, accepted = capsys.readouterr().out.splitlines()
-    assert first.startswith("--plan h100: 4x2x1 m2 1f1b (dp x pp x tp) on 8 ranks")
+    name = "4x2x1 m2 1f1b zero1"
+    assert first.startswith(f"--plan h100: {name} (dp x pp x tp) on 8 ranks")
     assert first.endswith("ms per step on h100 (the planner's model)")
-    assert accepted == "4x2x1 m2 1f1b (dp x pp x tp) fits 8 ranks: accepted"
+    assert accepted == f"{name} (dp x pp x tp) fits 8 ranks: accepted"
     with pytest.raises(SystemExit) as ended:
         main(["--check", "--plan", "h100", "--dp", "2"])
     assert ended.value.code == 2

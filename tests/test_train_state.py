@@ -1,51 +1,53 @@
-"""The composed model and its one-process form on real gloo ranks: `gather` gives
-the whole model (pipeline stages and TP slices, checkpointed blocks too), and
-`scatter` cuts it back into exactly this rank's parameters."""
+"""The composed model on this rank (`state.build`): its own stage, drawn by name,
+checkpointed blocks, AdamW fused where torch has the kernel."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
-from distcourse.examples.gpt import GPTConfig, TinyGPT
+from distcourse.examples.gpt import GPTConfig
 from distcourse.launch import spawn
 from distcourse.parallel.checkpointing import Checkpointed
 from distcourse.parallel.hybrid import make_mesh
+from distcourse.train import model as model_mod
 from distcourse.train import state
 from distcourse.train.layout import TrainLayout
 
 CFG = GPTConfig(vocab=16, block_size=8, n_layer=2, n_head=4, n_embd=16)
 
 
-def _round_trip() -> dict:
-    layout = TrainLayout(dp=1, pp=2, tp=2, micro_batches=2, ckpt="full")
-    torch.manual_seed(0)
-    model = TinyGPT(CFG)
+def test_adamw_is_fused_where_torch_has_the_kernel() -> None:
+    assert state.optimizer_options("adamw", torch.device("cpu")) == {"fused": True}
+    assert state.optimizer_options("adamw", torch.device("cuda", 0)) == {"fused": True}
+    emulated = SimpleNamespace(type="gpu")  # an emulated GPU: no fused kernel
+    assert state.optimizer_options("adamw", emulated) == {}  # type: ignore[arg-type]
+    assert state.optimizer_options("sgd", torch.device("cpu")) == {}
+
+
+def _built() -> dict:
+    layout = TrainLayout(dp=1, pp=2, micro_batches=2, ckpt="full")
     net = state.build(
-        layout, model, make_mesh(layout.grid, CFG), optimizer="sgd", lr=0.1
+        layout, CFG, make_mesh(layout.grid, CFG), optimizer="adamw", lr=0.1, seed=0
     )
-    whole = state.gather(net)
-    mine = [p.detach().clone() for p in net.module.parameters()]
-    doubled = state.gather(net, [2 * p.detach() for p in net.module.parameters()])
-    cut = state.scatter(net, model.state_dict())
-    net.close()
-    want = model.state_dict()
-    return dict(
+    whole = model_mod.one_process(CFG, 0).state_dict()
+    found = dict(
         wrapped=sum(isinstance(m, Checkpointed) for m in net.module),
-        exact=all(torch.equal(v, want[k]) for k, v in whole.items()),
-        keys=sorted(whole),
-        doubled=all(torch.equal(v, 2 * want[k]) for k, v in doubled.items()),
-        restored=all(
-            torch.equal(a, b)
-            for a, b in zip(mine, net.module.parameters(), strict=True)
-        ),
-        cut=all(torch.equal(a, b) for a, b in zip(cut, mine, strict=True)),
+        fused=net.optimizer.param_groups[0]["fused"],
+        exact=all(torch.equal(t, b.of(whole[b.name])) for b, t in net.local("param")),
+        names=sorted(b.name for b, _ in net.local("param")),
     )
+    net.close()
+    return found
 
 
-def test_gather_and_scatter_are_exact_inverses_on_a_1x2x2_layout() -> None:
-    found = spawn(_round_trip, 4, timeout=60)
-    stage_keys = [set(f["keys"]) for f in found]
-    assert set().union(*stage_keys) == set(TinyGPT(CFG).state_dict())
+def test_each_rank_builds_its_checkpointed_stage_as_one_process_draws_it() -> None:
+    found = spawn(_built, 2, timeout=60)
+    assert (
+        found[0]["names"][0] == "blocks.0.attn.key.bias"
+        and "tok.weight" in found[0]["names"]
+    )
+    assert "head.weight" in found[1]["names"] and "tok.weight" not in found[1]["names"]
     for f in found:
-        assert f["wrapped"] == 1  # one block per stage, checkpointed
-        assert f["exact"] and f["doubled"] and f["restored"] and f["cut"], f
+        assert f["wrapped"] == 1 and f["fused"] and f["exact"], f

@@ -1,8 +1,11 @@
 """The trainer on real gloo ranks: checkpoints every N steps, a resume refused
-when the checkpoint was written for another run, and the warm-up."""
+when the checkpoint was written for another run, the eval loss every N steps on
+the held-out split, metrics records, and the warm-up and cosine schedule."""
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,14 +14,15 @@ import pytest
 from distcourse.launch import spawn
 from distcourse.runtime import RankError
 from distcourse.train import Corpus, RunConfig, Trainer, TrainLayout
-from distcourse.train.trainer import warmup_factor
+from distcourse.train.trainer import lr_factor
 
 CORPUS = Corpus.from_text("Every rank holds its share of the batch. " * 30)
 RUN = RunConfig(steps=4, batch=4, seq=8, n_layer=2, ckpt_every=2, quiet=True)
 
 
 def _fit(root: str, seed: int) -> tuple[list[float], list[str]]:
-    trainer = Trainer(TrainLayout(dp=2), replace(RUN, ckpt_dir=root, seed=seed), CORPUS)
+    run = replace(RUN, ckpt_dir=root, seed=seed)
+    trainer = Trainer(TrainLayout(dp=2), run, CORPUS)
     losses = trainer.fit()
     trainer.close()
     return losses, sorted(p.name for p in Path(root).iterdir())
@@ -31,7 +35,34 @@ def test_checkpoints_every_n_steps_and_refuses_another_runs(tmp_path: Path) -> N
         spawn(_fit, 2, str(tmp_path), 1, timeout=60)
 
 
-def test_warmup_is_linear_then_flat() -> None:
-    factor = warmup_factor(4)
-    assert [factor(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    assert warmup_factor(0)(0) == 1.0
+def _eval_and_metrics(path: str) -> tuple[dict, list]:
+    run = replace(RUN, ckpt_every=0, eval_every=2, eval_batches=2, metrics=path)
+    trainer = Trainer(TrainLayout(pp=2, micro_batches=2), run, CORPUS)
+    trainer.fit()
+    evals = dict(trainer.evals)
+    again = trainer.evaluate()  # the same held-out windows: the same loss
+    trainer.close()
+    return evals, [again]
+
+
+def test_eval_loss_every_n_steps_and_a_metrics_line_per_logged_step(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "run.jsonl"
+    evals, (again,) = spawn(_eval_and_metrics, 2, str(path), timeout=60)[0]
+    assert sorted(evals) == [2, 4] and again == evals[4]
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r.get("eval_loss") for r in rows] == [None, evals[2], None, evals[4]]
+    for key in ("loss", "lr", "tokens_per_s", "step_ms", "peak_bytes", "planned_bytes"):
+        assert all(key in r for r in rows), key
+    assert rows[0]["mfu"] is None  # a CPU has no datasheet peak
+    assert len(rows[0]["peak_bytes"]) == 2 and all(b > 0 for b in rows[0]["peak_bytes"])
+
+
+def test_warmup_then_cosine_decay_to_the_floor() -> None:
+    factor = lr_factor(RunConfig(steps=10, warmup=4, min_lr=0.1))
+    assert [factor(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert factor(7) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))
+    assert factor(10) == factor(20) == pytest.approx(0.1)
+    assert lr_factor(RunConfig(steps=3, warmup=0))(0) == 1.0

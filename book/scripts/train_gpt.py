@@ -1,26 +1,33 @@
-"""Chapter 13 as a script: a TinyGPT learns the book's own text on any layout.
+"""Chapter 13 as a script: a GPT learns the book (and the Python it runs on) on
+any layout of ranks, or on this machine's one device without torchrun.
 
-torchrun --nproc-per-node 8 book/scripts/train_gpt.py --dp 2 --pp 2 --tp 2 \
-    --micro-batches 2 --steps 200 --ckpt-dir ckpt --ckpt-every 50 \
-    --curve loss.png --compare
+    python book/scripts/train_gpt.py --model gpt2-124m --batch 1 --seq 128 --steps 2
+    torchrun --nproc-per-node 8 book/scripts/train_gpt.py --dp 2 --pp 2 --tp 2 \
+        --micro-batches 2 --dtype bf16 --steps 200 --ckpt-dir ckpt --ckpt-every 50 \
+        --metrics run.jsonl --compare
+    torchrun --nproc-per-node 8 book/scripts/train_gpt.py --compare-all --dtype bf16
 
-Flags: the layout (--dp --pp --tp --micro-batches (alias --m, which torchrun's
-own parser refuses as ambiguous) --schedule 1f1b|gpipe --ckpt --zero/--fsdp
---dtype; --cp and --ep are refused above 1, by name: not composed here), or
---plan GPU: chapter 10's planner chooses it, the fastest layout it predicts on
-that datasheet GPU (h100, h200, a100) for WORLD_SIZE ranks that this trainer
-runs; the layout flags then stay at their defaults),
-the run (--steps --batch --seq --lr --optimizer sgd|adamw --warmup --seed
---layers), checkpoints (--ckpt-dir, --ckpt-every: DCP, atomic; a second run with
-the same --ckpt-dir resumes, on any layout), --compare (against one process),
---curve PATH (the loss curve, PNG), --losses PATH (every step's loss, JSON,
-resumed ones too), --kill RANK:STEP (a drill: that rank dies by SIGKILL mid-step
-on torchrun's first attempt; under `torchrun --max-restarts 1` the group
-restarts and resumes from the last checkpoint), --excerpt (the package's frozen
-excerpt of the book, not --book: chapter 13's stored outputs), --quiet (no
-progress bar),
---check (check the layout and start no rank:
-`python book/scripts/train_gpt.py --check ...`).
+Flags: the layout (--dp --pp --tp --micro-batches (alias --m: with a pipeline its
+micro-batches, without one gradient accumulation) --schedule 1f1b|gpipe|
+interleaved --virtual --ckpt none|full --zero 1|2|3 --fsdp --dtype float32|
+bfloat16; --cp and --ep are refused above 1, by name: not composed here), or
+--plan GPU (chapter 10's planner chooses the layout: h100, h200, a100);
+the model (--model tiny|gpt2-124m|gpt2-350m|1b, --n-layer (alias --layers)
+--n-embd --n-head --seq); the corpus (--corpus chars|bpe: the book as
+characters, --excerpt its frozen first 64 KiB, or a byte-level BPE of --vocab
+tokens over the book and --corpus-mb of the installed Python, cached under
+--cache-dir); the run (--steps --batch --lr --min-lr --warmup --clip --optimizer
+sgd|adamw --seed --timeout --no-tf32); checkpoints (--ckpt-dir --ckpt-every
+--keep: sharded DCP, atomic; a second run with the same --ckpt-dir resumes, on
+any layout); --eval-every --eval-batches (the held-out loss); outputs
+(--metrics PATH: JSON lines of loss, tokens/s, MFU, measured and planned peak
+memory per rank; --tensorboard DIR; --log-every; --profile DIR: torch.profiler
+traces; --memory-snapshot PATH: CUDA's allocator history, on a GPU; --curve
+PATH, PNG; --losses PATH, JSON); checks (--compare: against one process;
+--compare-all: every layout of the world and every composition; --check: the
+layout alone, no rank started); --kill RANK:STEP (a drill: that rank dies by
+SIGKILL mid-step on torchrun's first attempt; under `torchrun --max-restarts 1`
+the group restarts and resumes from the last checkpoint); --quiet.
 Everything lives in distcourse.train (cli.main); this file only starts it.
 """
 

@@ -1,10 +1,10 @@
 """What a run shows: a progress bar on rank 0 and a loss curve saved as a PNG.
 
 The bar (tqdm) is drawn on rank 0 only, and only on a terminal (a log file or a
-notebook cell gets no carriage returns); `quiet` turns it off. It shows the loss,
-tokens per second (the whole batch's tokens over the step's wall time) and the
-bytes each rank holds (parameters, gradients, optimizer state, activations at
-the step's peak: `HybridGPT.held`), as the smallest and largest over the ranks.
+notebook cell gets no carriage returns); `quiet` turns it off. At each metrics
+record it shows the loss, tokens per second (the whole batch's tokens over a
+step's wall time), MFU where the device has a datasheet peak, and the fullest
+rank's measured peak memory beside the planner's prediction (`metrics`).
 """
 
 from __future__ import annotations
@@ -14,22 +14,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 import torch.distributed as dist
 from tqdm import tqdm
-
-from distcourse import runtime
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def held_per_rank(held: int) -> list[int]:
-    """Every rank's `held` bytes (a collective over the world)."""
-    mine = torch.tensor([held], dtype=torch.int64, device=runtime.device())
-    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    return [int(t.item()) for t in every]
+def mib(values: list | None) -> str:
+    """The largest of `values` (bytes; None skipped) in MiB, or '-'."""
+    known = [v for v in values or [] if v is not None]
+    return f"{max(known) / 2**20:,.1f} MiB" if known else "-"
 
 
 class Progress:
@@ -44,27 +39,28 @@ class Progress:
             total=total, initial=start, disable=not shown, unit="step", nrows=rows
         )
         self.done, self.total = start, total
-        self.last = (float("nan"), 0.0, 0.0, 0.0)  # loss, tok/s, MiB least, most
+        self.row: dict = {}
 
-    def update(self, loss: float, tokens_per_s: float, held: list[int]) -> None:
-        """One step done: its loss, speed and the bytes each rank holds."""
-        mib = [h / 2**20 for h in held]
-        self.last = (loss, tokens_per_s, min(mib), max(mib))
-        self.bar.set_postfix_str(
-            f"loss {loss:.4f}, {tokens_per_s:,.0f} tok/s, "
-            f"mem/rank {min(mib):.2f}-{max(mib):.2f} MiB"
-        )
-        self.bar.update(1)
-        self.done += 1
+    def update(self, row: dict, steps: int = 1) -> None:
+        """`steps` more steps done; `row` the metrics record of the last."""
+        self.row = row
+        self.bar.set_postfix_str(self.line(with_step=False))
+        self.bar.update(steps)
+        self.done += steps
 
-    def line(self) -> str:
-        """The bar's last state as one line, for a log or a notebook (where no
-        bar is drawn): 'step 24/24: loss 2.93, 3,154 tok/s, mem/rank 0.60-0.91
-        MiB'. The loss to 2 decimals: a GPU's sums in another order move the 4th."""
-        loss, speed, low, high = self.last
+    def line(self, *, with_step: bool = True) -> str:
+        """The last record as one line, for a log or a notebook (where no bar is
+        drawn): 'step 24/24: loss 2.93, 3,154 tok/s, MFU 0.31, peak 612.0 MiB
+        (plan 640.2 MiB)'. The loss to 2 decimals: a GPU's sums in another order
+        move the 4th; MFU only where the device has a datasheet peak."""
+        r = self.row
+        head = f"step {self.done}/{self.total}: " if with_step else ""
+        if not r:
+            return head + "no step recorded"
+        mfu = f", MFU {r['mfu']:.2f}" if r.get("mfu") is not None else ""
         return (
-            f"step {self.done}/{self.total}: loss {loss:.2f}, {speed:,.0f} tok/s, "
-            f"mem/rank {low:.2f}-{high:.2f} MiB"
+            f"{head}loss {r['loss']:.2f}, {r['tokens_per_s']:,.0f} tok/s{mfu}, peak "
+            f"{mib(r.get('peak_bytes'))} (plan {mib(r.get('planned_bytes'))})"
         )
 
     def close(self) -> None:
