@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from distcourse import accelerator, emulate
+from distcourse import accelerator, emulate, inflight
 from distcourse.emulate import nccl, p2p
 from distcourse.rendezvous import (
     LOOPBACK,
@@ -292,10 +292,13 @@ def device() -> torch.device:
 
 
 def shutdown() -> None:
-    """Destroy this process's process group, if any (safe to call twice)."""
+    """Destroy this process's process group, if any (safe to call twice). First the
+    store learns that this rank returned (`inflight`): a rank still waiting in a
+    collective it skipped is then told who left, not only that a peer is gone."""
     global _info
     if dist.is_initialized():
         p2p.drain()  # an emulated rank's eager sends land before its groups close
+        inflight.mark_returned()
         dist.destroy_process_group()
     _info = None
 

@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from distcourse import inflight
 from distcourse.arguments import positive_int
 from distcourse.launch.watchdog import watch_parent
 from distcourse.rendezvous import LOOPBACK, as_timedelta, make_store, serve_store
@@ -70,7 +71,12 @@ def _child(
         result = fn(*args, **kwargs)
         reply = ("ok", pickle.dumps(result))
     except BaseException as err:  # report everything, even SystemExit
-        reply = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+        why = inflight.explain(err)  # a rank that returned while this one waited
+        said = f"{why}\n" if why else ""
+        reply = (
+            "error",
+            f"{said}{type(err).__name__}: {err}\n{traceback.format_exc()}",
+        )
     conn.send(reply)
     conn.close()
     if reply[0] == "ok":
