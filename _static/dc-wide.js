@@ -19,6 +19,33 @@
     return width;
   }
 
+  // A hyphen or a slash inside a word is a place a browser may break a line
+  // ("->", "1e-06", "a/b"): each word that holds one is kept whole (nowrap), so
+  // that per-rank columns wrap at spaces only and take the width their words need.
+  function keepWordsWhole() {
+    for (const cell of document.querySelectorAll(".bd-article .dc-rank-text")) {
+      const walk = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+      const nodes = [];
+      while (walk.nextNode()) nodes.push(walk.currentNode);
+      for (const node of nodes) {
+        if (!/\S[-/]|[-/]\S/.test(node.textContent)) continue;
+        const parts = node.textContent.split(/(\s+)/);
+        const frag = document.createDocumentFragment();
+        for (const part of parts) {
+          if (/[-/]/.test(part) && /\S/.test(part)) {
+            const word = document.createElement("span");
+            word.className = "dc-word";
+            word.textContent = part;
+            frag.appendChild(word);
+          } else if (part) {
+            frag.appendChild(document.createTextNode(part));
+          }
+        }
+        node.replaceWith(frag);
+      }
+    }
+  }
+
   function widen() {
     const boxes = document.querySelectorAll(
       ".bd-article div.dc-ranks, .bd-article div.dc-table");
@@ -43,6 +70,7 @@
   }
 
   document.addEventListener("DOMContentLoaded", () => {
+    keepWordsWhole();
     widen();
     foldContents();
   });

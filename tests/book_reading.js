@@ -87,7 +87,8 @@
   const seen = new Set();
   for (const el of article.querySelectorAll("p, li, td, th, figcaption, h1, h2, h3, h4")) {
     for (const n of textNodes(el)) {
-      if (n.parentElement.closest("code, pre, math, .math, .highlight")) continue;
+      const skip = "code, pre, math, .math, .highlight, .cell_output, .dc-table";
+      if (n.parentElement.closest(skip)) continue;
       if (FORMULA.test(n.textContent)) seen.add(n);
     }
   }
