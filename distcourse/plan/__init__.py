@@ -9,21 +9,31 @@
     plan.search(model, 256, plan.DTypePolicy("bf16"), plan.named("h100"), gpus=64)
 
 spec: the inputs and the checks that refuse impossible layouts; memory: bytes per
-rank by kind; timing: seconds per step by part; hardware: datasheet GPUs and the
-reader's machine; prediction: `predict`, `search`, `Prediction`. Every formula is in
-those modules' docstrings; `python -m distcourse.plan --explain` prints them.
+rank by kind at each moment of a step; work: FLOPs and bytes moved; timing: seconds
+per step by part; hardware: datasheet GPUs and the reader's machine; prediction:
+`predict`, `search`, `Prediction`; phases: a step's memory measured phase by phase
+(`python -m distcourse.plan.phases` on a GPU). Every formula is in those modules'
+docstrings; `python -m distcourse.plan --explain` prints them.
 The HTML book's planner ports them to JavaScript; the browser test holds it equal.
 """
 
 from distcourse.plan.checks import check
-from distcourse.plan.hardware import GPUS, Hardware, local, matmul_rate, named
-from distcourse.plan.memory import KINDS, model_state, rank_memory
+from distcourse.plan.hardware import (
+    GPUS,
+    Hardware,
+    copy_rate,
+    local,
+    matmul_rate,
+    named,
+)
+from distcourse.plan.memory import KINDS, MOMENTS, model_state, rank_memory
 from distcourse.plan.prediction import Prediction, candidates, predict, search
 from distcourse.plan.spec import DTypePolicy, ModelSpec, PlanLayout
 
 __all__ = [
     "GPUS",
     "KINDS",
+    "MOMENTS",
     "DTypePolicy",
     "Hardware",
     "ModelSpec",
@@ -31,6 +41,7 @@ __all__ = [
     "Prediction",
     "candidates",
     "check",
+    "copy_rate",
     "local",
     "matmul_rate",
     "model_state",

@@ -242,11 +242,14 @@ def timeline(
     """({kind: bytes alive after each operator of the step}, {phase: the operator
     index it begins at}) on the CPU (module docstring)."""
     device, amp = torch.device("cpu"), policy == "amp-bf16"
+    x, y = batch_of(cfg, batch, device)
+    model, opt = build(cfg, policy, optimizer, device)
+    for _ in range(WARMUP):  # uncounted: what they leave is tracked below
+        one_step(model, opt, x, y, amp)
+    opt.zero_grad(set_to_none=True)
     with _Lifetimes() as life:
-        x, y = batch_of(cfg, batch, device)
-        model, opt = build(cfg, policy, optimizer, device)
-        for _ in range(WARMUP):
-            one_step(model, opt, x, y, amp)
+        for tensor in [*model.parameters(), *_state(opt), x, y]:
+            life.track(tensor)
         life.mark("start")
         logits_grad = _on_logits_grad(model, life)
         one_step(model, opt, x, y, amp, life.mark)
@@ -267,12 +270,17 @@ def _on_logits_grad(model: nn.Module, life: _Lifetimes) -> Any:
     return model.head.register_forward_hook(hook)
 
 
+def _state(opt: torch.optim.Optimizer) -> list[Tensor]:
+    """The optimizer's state tensors (AdamW's moments and step counters)."""
+    return [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+
+
 def _keys(
     model: nn.Module, opt: torch.optim.Optimizer, inputs: list[Tensor]
 ) -> dict[str, set[int]]:
     """Storage keys of the parameters, the optimizer state, the gradients and the
     batch (kept for backward: activations)."""
-    state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+    state = _state(opt)
     return {
         "activations": {t.untyped_storage()._cdata for t in inputs},
         "parameters": {p.untyped_storage()._cdata for p in model.parameters()},
