@@ -367,6 +367,14 @@ def run_function(
     return Ran(lines, world=ranks)
 
 
+def assert_holds(ran: Ran, fault: str, pattern: str) -> None:
+    """Every line `pattern` matches under `fault` still passes (at least one): what a
+    check cannot see, shown (a fault it is blind to, and why another check exists)."""
+    hits = [ln for ln in ran.lines[fault] if re.search(pattern, positive(ln))]
+    assert hits, f"under {fault!r}, no line matches {pattern!r}"
+    assert not any(map(failing, hits)), "\n".join(hits)
+
+
 def check(ran: Ran, fault: str, node: pytest.Item) -> None:
     """`assert_flips` for each `pytest.mark.controls` marker of the test `node`."""
     markers = list(node.iter_markers("controls"))

@@ -12,8 +12,6 @@ last. `lines` prints the verdicts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -56,14 +54,11 @@ def layer_against_one_process(
     skew: float = 0.0,
     seed: int = 0,
     group: dist.ProcessGroup | None = None,
-    shard: Callable[[MoE, dist.ProcessGroup | None], MoE] = shard_experts,
-    input_grad: bool = True,
 ) -> dict:
     """One MoE layer over `group` (every rank `tokens` tokens) against one process
     routing the same groups. `skew` pushes tokens to expert 0 (uneven counts and,
-    past its capacity, drops). `shard` splits the layer (a planted fault passes
-    another); `input_grad` False runs the layer on an input that needs no gradient
-    (as a first layer would be), whose backward skips the dispatch's all_to_all."""
+    past its capacity, drops). The layer is split by this module's `shard_experts`,
+    looked up when it runs (a negative control replaces it with a faulty one)."""
     n, me = dist.get_world_size(group), dist.get_rank(group)
     torch.manual_seed(seed)
     moe = MoE(n_embd, n_experts, top_k, capacity_factor)
@@ -74,10 +69,10 @@ def layer_against_one_process(
     x = (torch.randn(n * tokens, n_embd) + 1.0).to(dev)  # (n T, C); mean 1: skew
     target = torch.randn(n * tokens, n_embd).to(dev)
     alone = as_reference(moe, n)
-    shard(moe, group)
+    shard_experts(moe, group)
     mine = slice(me * tokens, (me + 1) * tokens)
-    x_mine = x[mine].clone().requires_grad_(input_grad)  # as inside a model: the
-    x.requires_grad_(input_grad)  # combine's backward then runs the dispatch's too
+    x_mine = x[mine].clone().requires_grad_()  # as inside a model: the combine's
+    x.requires_grad_()  # backward then runs the dispatch's too
     with Ledger() as ledger:
         out, loss = _layer_loss(moe, x_mine, target[mine])
         (loss / n).backward()
@@ -89,8 +84,7 @@ def layer_against_one_process(
     ref_loss.backward()
     ref_kept = alone.kept.view(n, -1)[me]
     grads = [(moe.gate.weight.grad, alone.gate.weight.grad)]
-    if input_grad:
-        grads.append((x_mine.grad, x.grad[mine]))
+    grads.append((x_mine.grad, x.grad[mine]))
     for i, e in enumerate(moe.experts):
         ref = alone.experts[moe.first + i]
         pairs = zip(e.parameters(), ref.parameters(), strict=True)
@@ -128,10 +122,10 @@ def model_against_one_process(
     steps: int = 3,
     batch: int = 8,
     lr: float = 0.5,
-    average: Callable[[torch.nn.Module, Mesh], None] = average_gradients,
 ) -> dict:
-    """Train a MoE TinyGPT dp x ep with SGD and alone; `average` is the gradient
-    step (a planted fault passes another). Every rank of the world calls it."""
+    """Train a MoE TinyGPT dp x ep with SGD and alone; the gradient step is this
+    module's `average_gradients`, looked up when it runs (a negative control
+    replaces it). Every rank of the world calls it."""
     cfg = MoEConfig() if cfg is None else cfg
     world, rank = dist.get_world_size(), dist.get_rank()
     torch.manual_seed(0)
@@ -150,7 +144,7 @@ def model_against_one_process(
         opt.zero_grad()
         loss = moe_loss(model, x[mine], y[mine], cfg.aux_weight)
         loss.backward()
-        average(model, mesh)
+        average_gradients(model, mesh)
         ref_opt.zero_grad()
         ref_loss = moe_loss(alone, x, y, cfg.aux_weight)
         ref_loss.backward()

@@ -12,7 +12,6 @@ split sizes the dispatch sent. `dropless_lines` prints the verdicts.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -24,7 +23,6 @@ from distcourse.parallel.experts import cost
 from distcourse.parallel.experts.dropless import DroplessMoE, shard_dropless
 
 TOL = 1e-5  # float32 sums in another order differ by about 1e-7
-Shard = Callable[[DroplessMoE, dist.ProcessGroup | None], DroplessMoE]
 
 
 def _loss(moe: DroplessMoE, x: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
@@ -74,11 +72,11 @@ def dropless_against_one_process(
     n_experts: int = 8,
     seed: int = 0,
     group: dist.ProcessGroup | None = None,
-    shard: Shard = shard_dropless,
 ) -> dict:
     """`steps` steps of one dropless layer over `group` (every rank `tokens`
     tokens) and alone on the whole batch; the last step compared. `skew` pushes
-    tokens to expert 0; `shard` splits the layer (a planted fault passes another)."""
+    tokens to expert 0. The layer is split by this module's `shard_dropless`,
+    looked up when it runs (a negative control replaces it with a faulty one)."""
     n, me = dist.get_world_size(group), dist.get_rank(group)
     torch.manual_seed(seed)
     moe = DroplessMoE(
@@ -96,7 +94,7 @@ def dropless_against_one_process(
     xs = (torch.randn(steps, n * tokens, n_embd) + 1.0).to(dev)  # mean 1: skew
     target = torch.randn(n * tokens, n_embd).to(dev)
     alone = copy.deepcopy(moe)
-    shard(moe, group)
+    shard_dropless(moe, group)
     mine = slice(me * tokens, (me + 1) * tokens)
     for step in range(steps):
         moe.zero_grad(set_to_none=True)
