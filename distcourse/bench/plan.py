@@ -37,17 +37,19 @@ QUICK = dataclasses.replace(FULL, n_embd=32, block_size=16, warmup=1, steps=2)
 
 def fit(ranks: int) -> dict[str, float]:
     """On every rank: alpha and beta of the ring all-reduce, a one-thread matmul
-    rate (the slowest rank's), as a plan.Hardware's fields."""
+    rate and a copy's bytes a second (the slowest rank's), as a plan.Hardware's
+    fields."""
     torch.set_num_threads(1)
     times = costmodel.measure(dist.all_reduce, SIZES, repeats=5)
     alpha, beta = costmodel.fit_collective("ring_all_reduce", SIZES, times, ranks)
-    rate = torch.tensor(
-        [plan.matmul_rate(256, device=runtime.device())],
-        dtype=torch.float64,
-        device=runtime.device(),
-    )
+    device = runtime.device()
+    rates = [plan.matmul_rate(256, device=device), plan.copy_rate(device=device)]
+    rate = torch.tensor(rates, dtype=torch.float64, device=device)
     dist.all_reduce(rate, op=dist.ReduceOp.MIN)
-    return dict(alpha=max(alpha, 0.0), beta=max(beta, 0.0), flops=rate.item())
+    flops, bandwidth = rate.tolist()
+    return dict(
+        alpha=max(alpha, 0.0), beta=max(beta, 0.0), flops=flops, bandwidth=bandwidth
+    )
 
 
 def predicted(cfg: hybrid_bench.Config, row: dict, hw: plan.Hardware) -> float:
@@ -62,7 +64,14 @@ def run(cfg: hybrid_bench.Config) -> dict:
     """Fit, measure, predict: the table and the worst factor."""
     fitted = spawn(fit, cfg.ranks, cfg.ranks, timeout=60)[0]
     memory = psutil.virtual_memory().total // cfg.ranks
-    hw = plan.local(fitted["alpha"], fitted["beta"], fitted["flops"], memory, cfg.ranks)
+    hw = plan.local(
+        fitted["alpha"],
+        fitted["beta"],
+        fitted["flops"],
+        memory,
+        cfg.ranks,
+        bandwidth=fitted["bandwidth"],
+    )
     rows = spawn(hybrid_bench.measure, cfg.ranks, cfg, timeout=120, deadline=600)[0]
     table = []
     for row in rows:
