@@ -225,11 +225,9 @@ def search(
     fixed: dict[str, Any] | None = None,
 ) -> list[Prediction]:
     """Predictions of every candidate layout that fits, fastest first (ties: less
-    memory). ValueError if the model and batch admit no layout on `gpus` at all."""
-    every = [
-        predict(model, batch, policy, lay, hw)
-        for lay in candidates(model, batch, gpus, hw, fixed)
-    ]
+    memory). ValueError if the model and batch admit no layout on `gpus` at all.
+    A layout's memory is computed first: one that does not fit is not timed."""
+    every = candidates(model, batch, gpus, hw, fixed)
     if not every:
         raise ValueError(
             f"no layout of {gpus} GPUs suits this model and batch"
@@ -237,5 +235,21 @@ def search(
             + ": check that the batch divides by dp x micro-batches, heads and "
             "vocab by tp, layers by pp"
         )
-    fitting = [p for p in every if p.fits]
+    fitting = [
+        predict(model, batch, policy, lay, hw)
+        for lay in every
+        if fits(model, batch, policy, lay, hw)
+    ]
     return sorted(fitting, key=lambda p: (p.time["total"], p.memory["total"]))
+
+
+def fits(
+    model: ModelSpec, batch: int, policy: DTypePolicy, layout: PlanLayout, hw: Hardware
+) -> bool:
+    """`Prediction.fits` without the time: every pipeline rank's peak and the
+    reserve within the hardware's memory."""
+    peaks = max(
+        peak(moments)[1]["total"]
+        for moments in memory(model, batch, policy, layout, hw)
+    )
+    return peaks + reserve_bytes(layout, hw) <= hw.memory
