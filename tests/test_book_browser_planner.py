@@ -5,14 +5,14 @@ book/10b_planner_page.md runs a JavaScript port of the package's formulas
 types each input set of a deterministic grid (CASES: every degree, schedule,
 ZeRO stage, checkpointing, sequence parallelism, dtype policy (fp32, bf16,
 amp-bf16), optimizer, GPU and model preset, chapter 12's experts (MoE, ep) and
-context parallelism (cp), and impossible layouts) into the page's form as a reader would (a value,
-then an input event, field by field), reads every number the page shows (each
-carries its exact value in data-key / data-value), and compares them with
-`plan.predict(...).to_dict()`: byte, FLOP and GPU counts exactly, the peak's
+context parallelism (cp), and impossible layouts) into the page's form as a reader
+would (a value, then an input event, field by field), reads every number the page
+shows (each carries its exact value in data-key / data-value), and compares them
+with `plan.predict(...).to_dict()`: byte, FLOP and GPU counts exactly, the peak's
 moment by name, seconds, tokens/s and MFU to a relative 1e-9; for an impossible
-layout, the page's message must be
-the ValueError's. Served and driven as tests/test_book_browser.py does (its
-fixtures); `make browser` builds the book first.
+layout, the page's message must be the ValueError's. Served and driven as
+tests/test_book_browser.py does (its fixtures); `make browser` builds the book
+first.
 """
 
 from __future__ import annotations
