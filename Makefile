@@ -101,7 +101,7 @@ unit: venv
 # a row (tests/test_book_timing_load.py, about 75 s on 2 cores). Not in `make test`
 # yet: chapter 5's 1.1x margin failed once in this setting (issue 37).
 test-load: venv
-	$(PY) -m pytest tests/test_book_timing_load.py -m load
+	$(PY) -m pytest tests/test_book_timing_load.py tests/test_bench_trainer.py -m load
 
 # Two notebooks at a time (pytest-xdist, each notebook whole on one worker; on 2 cores
 # 13 chapters took 214 s, not 319), then alone the chapters whose verdicts time
