@@ -17,7 +17,11 @@ from torch import Tensor, nn
 
 from distcourse.comm.ledger import Ledger
 from distcourse.launch import spawn
-from distcourse.parallel.tensor import ColumnParallelLinear, RowParallelLinear
+from distcourse.parallel.tensor import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
 
 TOL = 1e-5
 
@@ -164,3 +168,20 @@ def test_bad_input_is_an_error_on_every_rank_before_any_data_moves() -> None:
                 continue
             assert expected in message, (case, r, message)
             assert data_moved == [], (case, r, data_moved)  # at most the agreement
+
+
+def _misspelt(kind: type) -> str:
+    try:
+        kind(8, 4, sequence_paralel=True)
+    except TypeError as err:
+        return str(err)
+    return "no error"
+
+
+def test_a_misspelt_option_is_refused_as_a_signature_would() -> None:
+    """The options every split layer shares come as keyword arguments checked
+    against their list (layers.SplitOptions): a typo is a TypeError, not ignored."""
+    for kind in (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding):
+        said = spawn(_misspelt, 2, kind)[0]
+        name = kind.__name__
+        assert said == f"{name}() got an unexpected keyword argument 'sequence_paralel'"

@@ -13,13 +13,9 @@ unchanged otherwise (tests/test_scripts_zero_fsdp.py).
     python book/scripts/fsdp_torch.py --world 2 [--out DIR]
 """
 
-import argparse
 import os
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -29,8 +25,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from distcourse.examples import sharding
-
-STEPS = 3
 
 
 def train(rank, world, name, out):
@@ -44,32 +38,13 @@ def train(rank, world, name, out):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = sharding.optimizer(name, model.parameters())
-    for step in range(STEPS):
-        x, y = sharding.batch(step, rank)
-        opt.zero_grad()
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-    print(f"{name} rank {rank}: loss {loss.item():.4f}")
+    losses = sharding.train(model, opt, rank)
+    print(f"{name} rank {rank}: loss {losses[-1]:.4f}")
     full = StateDictOptions(full_state_dict=True)
     state = get_model_state_dict(model, options=full)
     if rank == 0 and out:
         torch.save(state, os.path.join(out, f"fsdp-{name}-{world}.pt"))
 
 
-def run(rank, world, out):
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29512")
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    for name in ("SGD", "AdamW"):
-        train(rank, world, name, out)
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--out", default="")
-    args = parser.parse_args()
-    mp.spawn(run, args=(args.world, args.out), nprocs=args.world, join=True)
+    sharding.main(train, port=29512)

@@ -1,10 +1,11 @@
 """What every benchmark's command line shares: options, table, report.
 
 Not a benchmark itself (`python -m distcourse.bench` lists only the others). A
-benchmark builds its parser with `parser`, looks up ratios with `ratio_of`, and ends
-with `report`: one JSON object for `--json`, otherwise its own text lines. On the
-ranks, `time_rounds` times the implementations back to back, and `rows` turns the
-times into table rows with ratios against the reference measured in the same rounds.
+benchmark builds its parser with `parser` (`sized` adds --ranks and --steps), looks
+up ratios with `ratio_of`, and ends with `report`: one JSON object for `--json`,
+otherwise its own text lines. On the ranks, `time_rounds` times the implementations
+back to back; `over_worlds` runs that at each world size and `rows` turns the times
+into table rows with ratios against the reference measured in the same rounds.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ import argparse
 import itertools
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from distcourse import runtime, tables
 from distcourse.clock import DeviceTimer
+from distcourse.launch import spawn
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,47 @@ def slowest(times: torch.Tensor) -> torch.Tensor:
     on_device = times.to(runtime.device())
     dist.all_reduce(on_device, op=dist.ReduceOp.MAX)
     return on_device.cpu()
+
+
+def over_worlds(
+    measure: Callable[..., Sequence],
+    worlds: Sequence[int],
+    names: Sequence[str],
+    reference: int,
+    *args: object,
+    deadline: float = 600,
+) -> list[dict]:
+    """`measure(*args)` on each world size's ranks (rank 0's times, [implementation]
+    [step]); its table rows, implementation `names[reference]` the reference."""
+    found = []
+    for world in worlds:
+        times = spawn(measure, world, *args, deadline=deadline)[0]
+        found += rows(world, names, times, reference)
+    return found
+
+
+def sized(
+    parsed: argparse.ArgumentParser,
+    argv: list[str],
+    configs: tuple[Any, Any],
+    unit: Callable[[Any], int],
+    what: str,
+) -> tuple[Any, argparse.Namespace]:
+    """Parse `argv` with `--ranks` and `--steps` too: the config (`configs`' first
+    with --quick, else its second), with the world sizes of --ranks, each dividing
+    `unit(config)` (`what` says what it is, "{unit}" standing for the number), and
+    the step count of --steps."""
+    parsed.add_argument("--ranks", type=int, nargs="+", help="world sizes (default 4)")
+    parsed.add_argument("--steps", type=int, help="timed steps per implementation")
+    args = parsed.parse_args(argv)
+    cfg = configs[0] if args.quick else configs[1]
+    if args.ranks:
+        if any(n < 1 or unit(cfg) % n for n in args.ranks):
+            parsed.error(f"each --ranks must divide {what.format(unit=unit(cfg))}")
+        cfg = replace(cfg, worlds=tuple(args.ranks))
+    if args.steps:
+        cfg = replace(cfg, steps=args.steps)
+    return cfg, args
 
 
 def rows(world: int, names: Sequence[str], times: Sequence, reference: int) -> list:

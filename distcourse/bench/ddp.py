@@ -22,7 +22,6 @@ from torch.nn.parallel import DistributedDataParallel
 from distcourse import runtime
 from distcourse.bench import common
 from distcourse.examples import models
-from distcourse.launch import spawn
 from distcourse.parallel.ddp import DDP, average_gradients
 
 IMPLEMENTATIONS = ("torch DDP", "ours (DDP)", "naive average")
@@ -78,12 +77,10 @@ def run(cfg: Config, bucket_mb: float = BUCKET_MB) -> list[dict]:
     `vs_torch` is the median over steps of (this step time / torch DDP's step time in
     the same round): the two ran back to back, so slow drifts in load cancel out.
     """
-    rows = []
-    for world in cfg.worlds:
-        times = spawn(_measure, world, cfg, bucket_mb, deadline=300)[0]
-        reference = IMPLEMENTATIONS.index("torch DDP")
-        rows += common.rows(world, IMPLEMENTATIONS, times, reference)
-    return rows
+    reference = IMPLEMENTATIONS.index("torch DDP")
+    return common.over_worlds(
+        _measure, cfg.worlds, IMPLEMENTATIONS, reference, cfg, bucket_mb, deadline=300
+    )
 
 
 def format_table(rows: list[dict]) -> str:

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 
 from distcourse import runtime
 from distcourse.bench import common
-from distcourse.launch import spawn
 from distcourse.parallel.experts import MoE, shard_experts
 
 IMPLEMENTATIONS = ("one process (all experts)", "ours (experts over ranks)")
@@ -74,11 +73,7 @@ def _measure(cfg: Config) -> list[list[float]]:
 
 def run(cfg: Config) -> list[dict]:
     """Time both at every world size; one row per (ranks, implementation)."""
-    rows = []
-    for world in cfg.worlds:
-        times = spawn(_measure, world, cfg, deadline=600)[0]
-        rows += common.rows(world, IMPLEMENTATIONS, times, reference=0)
-    return rows
+    return common.over_worlds(_measure, cfg.worlds, IMPLEMENTATIONS, 0, cfg)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -93,16 +88,9 @@ def main(argv: list[str]) -> int:
         "MoE layer step time: experts over ranks vs one process holding them all.",
         "tiny sizes, few steps",
     )
-    parser.add_argument("--ranks", type=int, nargs="+", help="world sizes (default 4)")
-    parser.add_argument("--steps", type=int, help="timed steps per implementation")
-    args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    if args.ranks:
-        if any(n < 1 or cfg.experts % n for n in args.ranks):
-            parser.error(f"each --ranks must divide the {cfg.experts} experts")
-        cfg = replace(cfg, worlds=tuple(args.ranks))
-    if args.steps:
-        cfg = replace(cfg, steps=args.steps)
+    cfg, args = common.sized(
+        parser, argv, (QUICK, FULL), lambda c: c.experts, "the {unit} experts"
+    )
     rows = run(cfg)
     last = cfg.worlds[-1]
     ratio = common.ratio_of(rows, IMPLEMENTATIONS[1], last)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,6 @@ from torch import nn
 from distcourse import runtime
 from distcourse.bench import common
 from distcourse.examples.gpt import MLP
-from distcourse.launch import spawn
 from distcourse.parallel.tensor import ParallelMLP
 
 IMPLEMENTATIONS = (
@@ -93,11 +92,7 @@ def run(cfg: Config) -> list[dict]:
     `vs_torch` is the median over steps of (this step's time / torch's step time in
     the same round): they ran back to back, so slow drifts in load cancel out.
     """
-    rows = []
-    for world in cfg.worlds:
-        times = spawn(_measure, world, cfg, deadline=600)[0]
-        rows += common.rows(world, IMPLEMENTATIONS, times, reference=0)
-    return rows
+    return common.over_worlds(_measure, cfg.worlds, IMPLEMENTATIONS, 0, cfg)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -112,16 +107,9 @@ def main(argv: list[str]) -> int:
         "Parallel-MLP step time: ours vs torch's parallelize_module.",
         "tiny sizes, few steps",
     )
-    parser.add_argument("--ranks", type=int, nargs="+", help="world sizes (default 4)")
-    parser.add_argument("--steps", type=int, help="timed steps per implementation")
-    args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    if args.ranks:
-        if any(n < 1 or 4 * cfg.hidden % n for n in args.ranks):
-            parser.error(f"each --ranks must divide 4 x hidden = {4 * cfg.hidden}")
-        cfg = replace(cfg, worlds=tuple(args.ranks))
-    if args.steps:
-        cfg = replace(cfg, steps=args.steps)
+    cfg, args = common.sized(
+        parser, argv, (QUICK, FULL), lambda c: 4 * c.hidden, "4 x hidden = {unit}"
+    )
     rows = run(cfg)
     last = cfg.worlds[-1]
     ratio = common.ratio_of(rows, IMPLEMENTATIONS[1], last)

@@ -35,6 +35,20 @@ SPLIT_BYTES = 1 << 20
 RECV_BUFFERS = 2
 
 
+def reduction(
+    name: str, tensor: Tensor, op: object, group: Group, check: bool
+) -> tuple[Members, Callable[..., Tensor], Tensor]:
+    """What every reducing collective here does first: the group's members, the
+    ranks' agreement on the tensor and the op (with `check`, one all_gather of 112
+    bytes), the op's elementwise function, and the tensor flat (a view when it is
+    contiguous; `copy_back` writes a copy back)."""
+    g = members(group, name)
+    key = agree(
+        name, tensor, group, validate=lambda: reduce_op(op), key_name="op", check=check
+    )
+    return g, reduce_fn(key), tensor.reshape(-1)
+
+
 def _check_blocks(
     what: str, blocks: list, as_list: bool, size: int, numel: int, dtype: object
 ) -> None:
@@ -160,17 +174,7 @@ def ring_all_reduce(
     every rank) costs one extra all_gather of 112 bytes per rank, about one latency
     alpha, to turn mismatched calls into a ValueError on every rank.
     """
-    g = members(group, "ring_all_reduce")
-    key = agree(
-        "ring_all_reduce",
-        tensor,
-        group,
-        validate=lambda: reduce_op(op),
-        key_name="op",
-        check=check,
-    )
-    reduce = reduce_fn(key)
-    flat = tensor.reshape(-1)  # a view when tensor is contiguous
+    g, reduce, flat = reduction("ring_all_reduce", tensor, op, group, check)
     if g.size > 1 and flat.numel():
         chunks = list(torch.tensor_split(flat, g.size))  # N views, uneven allowed
         _reduce_scatter_ring(chunks, g, reduce)
@@ -258,17 +262,7 @@ def naive_all_reduce(
     The root moves 2(N-1) * S bytes one after another, against 2(N-1)/N * S per rank
     for the ring: the contrast that motivates rings. `check` as in ring_all_reduce.
     """
-    g = members(group, "naive_all_reduce")
-    key = agree(
-        "naive_all_reduce",
-        tensor,
-        group,
-        validate=lambda: reduce_op(op),
-        key_name="op",
-        check=check,
-    )
-    reduce = reduce_fn(key)
-    flat = tensor.reshape(-1)
+    g, reduce, flat = reduction("naive_all_reduce", tensor, op, group, check)
     if g.rank == 0 and flat.numel():
         buf = torch.empty_like(flat)
         for r in g.ranks[1:]:  # one after another: the root is the bottleneck

@@ -20,9 +20,8 @@ from distcourse.comm.agree import (
     agree,
     copy_back,
     members,
-    reduce_fn,
-    reduce_op,
 )
+from distcourse.comm.ring import reduction
 
 
 def tree_broadcast(
@@ -75,17 +74,7 @@ def tree_reduce(
     rank 0's tensor holds the result; the others hold partial sums (as dist.reduce
     leaves them, scratch). `check` as in ring_all_reduce.
     """
-    g = members(group, "tree_reduce")
-    key = agree(
-        "tree_reduce",
-        tensor,
-        group,
-        validate=lambda: reduce_op(op),
-        key_name="op",
-        check=check,
-    )
-    reduce = reduce_fn(key)
-    flat = tensor.reshape(-1)
+    g, reduce, flat = reduction("tree_reduce", tensor, op, group, check)
     buf = torch.empty_like(flat) if flat.numel() else flat
     mask = 1
     while mask < g.size and flat.numel():
@@ -107,15 +96,8 @@ def tree_all_reduce(
     """In-place all-reduce: `tree_reduce` to group rank 0, then `tree_broadcast` back.
 
     2 * ceil(log2 N) rounds of the whole tensor. Like dist.all_reduce, but returns
-    `tensor`. `check` as in ring_all_reduce (one check covers both halves).
+    `tensor`. `check` as in ring_all_reduce.
     """
-    agree(
-        "tree_all_reduce",
-        tensor,
-        group,
-        validate=lambda: reduce_op(op),
-        key_name="op",
-        check=check,
-    )
+    reduction("tree_all_reduce", tensor, op, group, check)  # one check for both
     tree_reduce(tensor, op, group, check=False)
     return tree_broadcast(tensor, 0, group, check=False)

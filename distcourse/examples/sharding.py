@@ -9,9 +9,13 @@ Nothing here knows about ranks: the world size is an argument.
 
 from __future__ import annotations
 
+import argparse
+import os
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
@@ -87,3 +91,26 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     if a.keys() != b.keys():
         raise ValueError(f"different keys: {sorted(a)} and {sorted(b)}")
     return max((a[k].cpu() - b[k].cpu()).abs().max().item() for k in a)
+
+
+def main(train: Callable[[int, int, str, str], None], port: int) -> None:
+    """The launcher chapter 9's two torch programs share (book/scripts/zero_torch.py,
+    fsdp_torch.py), as PyTorch's tutorials write one: `--world` ranks by mp.spawn,
+    each joining gloo on MASTER_ADDR:MASTER_PORT (loopback, `port`, unless set), then
+    `train(rank, world, name, out)` for SGD and then AdamW, `--out` the folder rank
+    0 saves into (none: nothing saved)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    mp.spawn(_run, args=(args.world, args.out, train, port), nprocs=args.world)
+
+
+def _run(rank: int, world: int, out: str, train: Callable, port: int) -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    for name in OPTIMIZERS:
+        train(rank, world, name, out)
+    dist.destroy_process_group()

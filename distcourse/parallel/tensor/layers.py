@@ -24,6 +24,7 @@ full state dicts are in `checkpoint`.
 from __future__ import annotations
 
 import math
+from typing import Any, TypedDict, Unpack
 
 import torch
 import torch.nn.functional as F
@@ -49,21 +50,13 @@ class ColumnParallelLinear(ShardedLinear):
         out_features: int,
         bias: bool = True,
         *,
-        group: Group = None,
         gather_output: bool = False,
-        sequence_parallel: bool = False,
-        seq_dim: int = 1,
-        check: bool = True,
-        dtype: torch.dtype | None = None,
-        device: Device = None,
+        **options: Unpack[SplitOptions],
     ) -> None:
         super().__init__()
-        self.tp = members(group, "ColumnParallelLinear")
-        rows = shard_size("out_features", out_features, self.tp)
+        rows, made = split(self, "out_features", out_features, options)
         self.in_features, self.out_features = in_features, out_features
-        self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
-        self.seq_dim, self.check = seq_dim, check
-        made = dict(dtype=dtype, device=device)  # nn.Linear's factory arguments
+        self.gather_output = gather_output
         self.weight = nn.Parameter(torch.empty(rows, in_features, **made))
         self.bias = nn.Parameter(torch.empty(rows, **made)) if bias else None
         _init(self.weight, self.bias, in_features)
@@ -150,22 +143,13 @@ class RowParallelLinear(ShardedLinear):
         out_features: int,
         bias: bool = True,
         *,
-        group: Group = None,
         input_is_parallel: bool = True,
-        sequence_parallel: bool = False,
-        seq_dim: int = 1,
-        check: bool = True,
-        dtype: torch.dtype | None = None,
-        device: Device = None,
+        **options: Unpack[SplitOptions],
     ) -> None:
         super().__init__()
-        self.tp = members(group, "RowParallelLinear")
-        cols = shard_size("in_features", in_features, self.tp)
+        cols, made = split(self, "in_features", in_features, options)
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel = input_is_parallel
-        self.sequence_parallel = sequence_parallel
-        self.seq_dim, self.check = seq_dim, check
-        made = dict(dtype=dtype, device=device)  # nn.Linear's factory arguments
         self.weight = nn.Parameter(torch.empty(out_features, cols, **made))
         full = torch.empty(out_features, **made)  # added once, after the sum
         self.bias = nn.Parameter(full) if bias else None
@@ -235,6 +219,43 @@ class RowParallelLinear(ShardedLinear):
             f"input_is_parallel={self.input_is_parallel}, "
             f"sequence_parallel={self.sequence_parallel}"
         )
+
+
+class SplitOptions(TypedDict, total=False):
+    """The keyword arguments every split layer takes beside its own: the group
+    (None: the world), sequence parallelism and the sequence's dim, the shape
+    agreement before each forward, and torch's factory arguments (`dtype`, `device`)
+    for the slice it holds."""
+
+    group: Group
+    sequence_parallel: bool
+    seq_dim: int
+    check: bool
+    dtype: torch.dtype | None
+    device: Device
+
+
+SPLIT_DEFAULTS = SplitOptions(
+    group=None, sequence_parallel=False, seq_dim=1, check=True, dtype=None, device=None
+)
+
+
+def split(
+    layer: nn.Module, name: str, value: int, options: SplitOptions
+) -> tuple[int, dict[str, Any]]:
+    """Give a split layer what `options` say (its `tp` members, `sequence_parallel`,
+    `seq_dim`, `check`); return its share of `value` (the size it splits, called
+    `name` in the error when it does not divide) and the factory arguments."""
+    kind = type(layer).__name__
+    unknown = sorted(set(options) - set(SPLIT_DEFAULTS))
+    if unknown:
+        raise TypeError(f"{kind}() got an unexpected keyword argument {unknown[0]!r}")
+    given = {**SPLIT_DEFAULTS, **options}
+    layer.tp = members(given["group"], kind)
+    layer.sequence_parallel = given["sequence_parallel"]
+    layer.seq_dim, layer.check = given["seq_dim"], given["check"]
+    made = dict(dtype=given["dtype"], device=given["device"])
+    return shard_size(name, value, layer.tp), made
 
 
 def shard_size(name: str, value: int, g: Members) -> int:

@@ -12,18 +12,17 @@ call of 2 x B x T numbers). The softmax's gradient is local.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.types import Device
 
 from distcourse.comm.agree import Group, Members, agree, members
 from distcourse.parallel.tensor import edges
 from distcourse.parallel.tensor.checkpoint import check_keys
-from distcourse.parallel.tensor.layers import shard_size
+from distcourse.parallel.tensor.layers import SplitOptions, split
 
 
 def _check_ids(what: str, ids: Tensor, vocab: int) -> None:
@@ -58,24 +57,13 @@ class VocabParallelEmbedding(nn.Module):
         self,
         num_embeddings: int,
         embedding_dim: int,
-        *,
-        group: Group = None,
-        sequence_parallel: bool = False,
-        seq_dim: int = 1,
-        check: bool = True,
-        dtype: torch.dtype | None = None,
-        device: Device = None,
+        **options: Unpack[SplitOptions],
     ) -> None:
         super().__init__()
-        self.tp = members(group, "VocabParallelEmbedding")
-        rows = shard_size("num_embeddings", num_embeddings, self.tp)
+        rows, made = split(self, "num_embeddings", num_embeddings, options)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.start = self.tp.rank * rows  # first token this rank owns
-        self.sequence_parallel = sequence_parallel
-        self.seq_dim, self.check = seq_dim, check
-        self.weight = nn.Parameter(
-            torch.randn(rows, embedding_dim, dtype=dtype, device=device)
-        )
+        self.weight = nn.Parameter(torch.randn(rows, embedding_dim, **made))
 
     @classmethod
     def from_embedding(
