@@ -133,3 +133,21 @@ def test_a_device_synchronize_completes_everything() -> None:
     torch.get_device_module(gpu).synchronize()
     assert x.sum().item() == 3.0 and host.tolist() == [1.0, 1.0]
     assert not completion.busy()
+
+
+def test_only_the_bytes_an_op_holds_are_held() -> None:
+    """Pieces of one flat buffer (a ring's, ZeRO's): while one piece is being sent,
+    the next may be written and read; the piece itself may not be changed."""
+    emulate.setup()
+    gpu = torch.device(emulate.DEVICE_TYPE, 0)
+    flat = torch.zeros(8, device=gpu)
+    sent, other = flat[:4], flat[4:]
+    held = completion.issue(
+        completion.RULE_BUFFER, "send", 0, inputs=[emulate.host_data(sent)]
+    )
+    other.add_(1.0)  # other bytes of the same storage: fine
+    assert other.sum().item() == 4.0
+    with pytest.raises(completion.CompletionRuleError, match="buffer rule"):
+        flat[3:5].mul_(2.0)  # overlaps the piece in flight
+    completion.complete(held)
+    sent.add_(1.0)  # after the wait: fine

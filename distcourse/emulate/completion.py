@@ -51,6 +51,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from distcourse.emulate.regions import Regions, span
+
 RULE_WAIT = (
     "completion rule: an async op's output is valid only after its wait() (or a "
     "device synchronize)"
@@ -65,9 +67,9 @@ RULE_COPY = (
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.RLock()
-_outputs: dict[int, Pending] = {}  # storage address -> the op that will fill it
-_inputs: dict[int, Pending] = {}  # storage address -> an op that still reads it
-_copies: dict[int, Pending] = {}  # host storage address -> its pending copy
+_outputs = Regions()  # bytes an issued op will fill
+_inputs = Regions()  # bytes an issued op still reads
+_copies = Regions()  # host bytes a non-blocking copy will fill
 _order = itertools.count(1)
 
 
@@ -110,15 +112,6 @@ def poison(t: torch.Tensor) -> None:
         t.fill_(torch.iinfo(t.dtype).min)
 
 
-def _key(t: torch.Tensor) -> int | None:
-    if t.numel() == 0:
-        return None
-    try:
-        return t.untyped_storage().data_ptr() or None
-    except RuntimeError:
-        return None
-
-
 @dataclass(eq=False)
 class Pending:
     """One issued op: what it will write (`outputs`, filled from `values` when it
@@ -157,20 +150,18 @@ def issue(
 
 def _issue(rule, what, rank, outputs, inputs, values, ready) -> Pending:  # type: ignore[no-untyped-def]
     values = [t.clone() for t in outputs] if values is None else values
-    kept = [i for i, t in enumerate(outputs) if _key(t) is not None]
+    kept = [i for i, t in enumerate(outputs) if span(t) is not None]
     outputs, values = [outputs[i] for i in kept], [values[i] for i in kept]
     pending = Pending(rule, what, rank, place(), outputs, values, [], ready)
     pending.order = next(_order)
+    written = {span(t) for t in outputs}
     with _lock:
         for t in outputs:
             poison(t)
-            _outputs[_key(t)] = pending  # type: ignore[index]
-        written = {_key(t) for t in outputs}
+            _outputs.add(t, pending)
         for t in inputs:
-            key = _key(t)
-            if key is not None and key not in written:
+            if span(t) not in written and _inputs.add(t, pending):
                 pending.inputs.append(t)
-                _inputs[key] = pending
     return pending
 
 
@@ -181,7 +172,7 @@ def copy_issued(host: torch.Tensor, value: torch.Tensor) -> Pending:
         pending.outputs, pending.values = [host], [value.clone()]
         poison(host)
     with _lock:
-        _copies[_key(host)] = pending  # type: ignore[index]
+        _copies.add(host, pending)
     return pending
 
 
@@ -204,27 +195,22 @@ def complete(pending: Pending) -> None:
             return
         for out, value in zip(pending.outputs, pending.values, strict=True):
             out.copy_(value)
-        for t in pending.outputs:
-            for table in (_outputs, _copies):
-                if table.get(_key(t)) is pending:  # type: ignore[arg-type]
-                    del table[_key(t)]  # type: ignore[arg-type]
-        for t in pending.inputs:
-            if _inputs.get(_key(t)) is pending:  # type: ignore[arg-type]
-                del _inputs[_key(t)]  # type: ignore[arg-type]
+        for table in (_outputs, _inputs, _copies):
+            table.drop(pending)
         pending.done = True
 
 
 def complete_copies(up_to: int | None = None) -> None:
     """Finish the non-blocking copies issued before `up_to` (all by default): a
     synchronize of the stream, or of an event recorded after them, or a host sync."""
-    for pending in list(_copies.values()):
+    for pending in sorted(_copies.owners(), key=lambda p: p.order):
         if up_to is None or pending.order <= up_to:
             complete(pending)
 
 
 def synchronize() -> None:
     """A device synchronize: every issued op has finished."""
-    everything = {*_outputs.values(), *_inputs.values(), *_copies.values()}
+    everything = _outputs.owners() | _inputs.owners() | _copies.owners()
     for pending in sorted(everything, key=lambda p: p.order):
         complete(pending)
 
@@ -242,19 +228,18 @@ def check(func: Any, reads: Iterable[torch.Tensor], writes: Iterable[Any]) -> No
     """Refuse `func` if it reads a buffer that is not valid yet, or writes one that
     an issued op reads or will fill."""
     for t in writes:
-        key = _key(t) if isinstance(t, torch.Tensor) else None
-        owner = _inputs.get(key) or _outputs.get(key)  # type: ignore[arg-type]
+        reader, owner = _inputs.owner(t), _outputs.owner(t)
+        owner = reader or owner
         if owner is not None:
             raise CompletionRuleError(
-                f"{RULE_BUFFER if owner in _inputs.values() else owner.rule}: "
+                f"{RULE_BUFFER if reader is not None else owner.rule}: "
                 f"{owner.who()} changed a buffer of its {owner.what} (issued"
                 f"{owner.issued or ' here'}) with {func}{place()} before the op "
                 "completed; wait() on its work first (torch's docs of isend: "
                 "modifying the tensor before the request completes is undefined)"
             )
     for t in reads:
-        key = _key(t)
-        owner = _outputs.get(key) or _copies.get(key)  # type: ignore[arg-type]
+        owner = _outputs.owner(t) or _copies.owner(t)
         if owner is not None:
             raise CompletionRuleError(_read_message(owner, str(func)))
 
@@ -285,7 +270,7 @@ class PendingHost(torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
             if name not in cls._METADATA and _copies:
                 for arg in args:
-                    owner = _copies.get(_key(arg)) if isinstance(arg, cls) else None
+                    owner = _copies.owner(arg) if isinstance(arg, cls) else None
                     if owner is not None:
                         message = _read_message(owner, name or str(func))
                         raise CompletionRuleError(message)

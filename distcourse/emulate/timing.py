@@ -11,8 +11,9 @@ between, measures enqueueing (CUDA semantics notes, "Asynchronous execution": us
 The emulation runs every op before it returns, so a wrong timing would look right
 here. Instead it keeps a count of device work enqueued since the last
 synchronization (`note_device_work`, called by the emulated NCCL backend for every
-op and by the emulated device for every kernel: compute is pending work too), and the package's one clock, `clock()`, refuses to be read while that count is
-not zero: RULE_TIMING, naming the op left pending and the rank. A read inside a
+op and by the emulated device for every kernel: compute is pending work too), and
+the package's one clock, `clock()`, refuses to be read while that count is not
+zero: RULE_TIMING, naming the op left pending and the rank. A read inside a
 future's callback is the same fault (the callback runs at enqueue): it is raised
 there and again at the next `synchronize()`, since torch keeps a callback's error in
 the future the callback returns. `synchronize()` (the emulated
