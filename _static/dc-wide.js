@@ -1,6 +1,6 @@
 /* Wide outputs (distcourse). A per-rank grid (div.dc-ranks, launch/columns.py) or a
-   table (div.dc-table, tables.Table) whose lines do not fit the text column, and a
-   figure made wide (figure.dc-wide, viz.figure(..., wide=True)), take the page's
+   table (div.dc-table, tables.Table) whose lines do not fit the text column, a table
+   of the prose whose words do not fit it, and a figure made wide (figure.dc-wide, viz.figure(..., wide=True)), take the page's
    full width: 136 % of the column, as sphinx-book-theme's full-width content does
    (_static/custom.css, "dc-wide"). While one is in view the right-hand contents
    fold to their title, and unfold on hover. Only in windows of 1200 px and more,
@@ -10,13 +10,14 @@
   "use strict";
   const wideWindow = window.matchMedia("(min-width: 1200px)");
 
-  // a table's width with no line wrapped
-  function natural(table) {
+  // a table's width at `size`: "max-content" (no line wrapped) or "min-content"
+  // (every line wrapped wherever a line may break, no word broken)
+  function width(table, size) {
     const before = table.style.width;
-    table.style.width = "max-content";
-    const width = table.getBoundingClientRect().width;
+    table.style.width = size;
+    const found = table.getBoundingClientRect().width;
     table.style.width = before;
-    return width;
+    return found;
   }
 
   // A hyphen or a slash inside a word is a place a browser may break a line
@@ -46,13 +47,20 @@
     }
   }
 
+  // Per-rank grids and output tables widen when a line would wrap; tables in the
+  // prose (their cells are sentences) only when a word would not fit.
   function widen() {
-    const boxes = document.querySelectorAll(
-      ".bd-article div.dc-ranks, .bd-article div.dc-table");
-    for (const box of boxes) {
-      const table = box.querySelector("table");
-      if (table && wideWindow.matches && natural(table) > box.clientWidth + 1) {
-        box.classList.add("dc-wide");
+    if (!wideWindow.matches) return;
+    const kinds = [
+      [".bd-article div.dc-ranks, .bd-article div.dc-table", "max-content"],
+      [".bd-article div.pst-scrollable-table-container", "min-content"],
+    ];
+    for (const [selector, size] of kinds) {
+      for (const box of document.querySelectorAll(selector)) {
+        const table = box.querySelector("table");
+        if (table && width(table, size) > box.clientWidth + 1) {
+          box.classList.add("dc-wide");
+        }
       }
     }
   }
