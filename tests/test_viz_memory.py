@@ -34,5 +34,7 @@ def test_memory_timeline_stacks_the_kinds_and_marks_phases_and_moments() -> None
     assert [c.get_label() for c in ax.collections] == list(series)
     tops = ax.collections[-1].get_paths()[0].vertices[:, 1].max()
     assert tops == 9  # 4 + 3 + 2, the step's largest
-    assert [line.get_xdata()[0] for line in ax.lines[:2]] == [0, 2]  # from the first
-    assert ax.lines[2].get_ydata()[0] == 9  # the planner's moment
+    alive, *phases, moment = ax.lines
+    assert list(alive.get_ydata()) == [4, 9, 5]  # the sum, a line on top
+    assert [line.get_xdata()[0] for line in phases] == [0, 2]  # from the first
+    assert moment.get_ydata()[0] == 9  # the planner's moment

@@ -63,35 +63,36 @@ def memory_timeline(
     title: str = "",
 ) -> Figure:
     """The bytes alive after each operator of a step, stacked by kind (`series`:
-    kind -> bytes per operator, as `plan.phases.timeline` gives them); a dotted
-    line where each phase begins (`phases`: name -> operator index, from the
-    first); `moments` (name -> bytes, e.g. the planner's) as dashed levels."""
-    fig, ax = plt.subplots(figsize=(6.6, 3.8))
-    steps = range(len(next(iter(series.values()))))
+    kind -> bytes per operator, as `plan.phases.timeline` gives them) and their
+    sum as a line; a dotted line where each phase begins (`phases`: name ->
+    operator index, from the first), named above the axes; `moments` (name ->
+    bytes, e.g. the planner's) as dashed levels, named on the right."""
+    fig, ax = plt.subplots(figsize=(6.6, 4.4))
+    steps = list(range(len(next(iter(series.values())))))
     ax.stackplot(
         steps,
         *([v / scale for v in values] for values in series.values()),
         labels=list(series),
         linewidth=0,
+        step="post",
     )
-    start = min(phases.values())
-    top = max(sum(kind[i] for kind in series.values()) for i in steps) / scale
-    for name, at in phases.items():
+    total = [sum(kind[i] for kind in series.values()) / scale for i in steps]
+    ax.step(steps, total, where="post", color="0.1", lw=0.8, label="alive")
+    start, top = min(phases.values()), max(total)
+    above = ax.get_xaxis_transform()  # x in data, y in axes
+    for row, (name, at) in enumerate(phases.items()):  # two rows: near ones apart
         ax.axvline(at - start, color="0.35", lw=0.8, ls=":")
-        ax.text(at - start + 2, top * 1.02, name, fontsize=9.5, va="bottom")
+        y = 1.01 + 0.07 * (row % 2)
+        ax.text(at - start, y, name, transform=above, fontsize=9.5)
+    beside = ax.get_yaxis_transform()  # x in axes, y in data
     for name, level in (moments or {}).items():
         ax.axhline(level / scale, color="0.1", lw=0.9, ls="--")
-        ax.text(
-            len(steps) - 1,
-            level / scale,
-            f"plan: {name}",
-            fontsize=9.5,
-            ha="right",
-            va="bottom",
-        )
+        ax.text(1.01, level / scale, name, transform=beside, fontsize=9.5, va="center")
     ax.set_xlim(0, len(steps) - 1)
-    ax.set_ylim(0, top * 1.12)
+    ax.set_ylim(0, top * 1.08)
     ax.set_xlabel("operator of the step")
     ax.set_ylabel(unit)
-    ax.legend(loc="upper left", ncol=2, fontsize=9.5)
-    return finish(fig, ax, title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, fontsize=9.5)
+    if title:
+        ax.set_title(title, pad=26)
+    return finish(fig, ax, "")

@@ -74,23 +74,23 @@ def test_autocast_planned_as_bf16_misses_its_activations() -> None:
 @pytest.mark.controls(
     "10_planner",
     r"each kind's largest and the peak == the planner's",
-    fault="a planner without the optimizer's temporaries",
+    fault="a planner without the loss region",
 )
-def test_a_plan_without_the_optimizers_temporaries_misses_the_timeline(
+def test_a_plan_without_the_loss_region_misses_the_timeline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(plan_memory, "optimizer_temporaries", lambda *args: 0)
+    monkeypatch.setattr(plan_memory, "loss_bytes", lambda *args: 0)
     torch.set_num_threads(1)
-    small = GPTConfig(vocab=32000, block_size=32, n_layer=2, n_head=4, n_embd=256)
-    series, _ = phases.timeline(small, 2)
+    small = GPTConfig(vocab=32000, block_size=64, n_layer=2, n_head=4, n_embd=256)
+    series, _ = phases.timeline(small, 4, optimizer="adamw-fused")
     cpu = plan.local(0.0, 0.0, 1e9, 2**34, 1)
-    p = plan.predict(
-        plan.ModelSpec.from_config(small), 2, plan.DTypePolicy(), plan.PlanLayout(), cpu
-    )
+    fused = plan.DTypePolicy("fp32", "fp32", "adamw-fused")
+    spec = plan.ModelSpec.from_config(small)
+    p = plan.predict(spec, 4, fused, plan.PlanLayout(), cpu)
     alive = [sum(k[i] for k in series.values()) for i in range(len(series["loss"]))]
     largest = {kind: max(values) for kind, values in series.items()}
     same = [largest[k] == p.memory[k] for k in ("parameters", "gradients")]
-    same.append(0 <= largest["activations"] - p.memory["activations"] <= 4)
+    same += [0 <= largest[k] - p.memory[k] <= 4 for k in ("activations", "loss")]
     same.append(abs(max(alive) / p.memory["total"] - 1) <= 1e-3)
     line = f"each kind's largest and the peak == the planner's: {all(same)}"
     assert _fails(line), line
