@@ -71,7 +71,7 @@ def test_a_table_prints_as_aligned_text_and_displays_as_html() -> None:
     assert html.count("<th ") == 2 and html.count("<td ") == 4
     # numbers right-aligned as in the text; every cell labelled with its column
     assert 'data-label="step ms" style="' in html
-    assert "text-align:right\">12.25</td>" in html
+    assert 'text-align:right">12.25</td>' in html
     assert "white-space:pre" in html  # a cell never wraps
 
 
