@@ -1,4 +1,4 @@
-"""The negative controls' fixture: `flips(fault)` checks every verdict the test's
+"""The negative controls' fixture: `flips(*faults)` checks every verdict the test's
 `pytest.mark.controls` markers name against the module's `ran` fixture (harness.py).
 """
 
@@ -11,7 +11,8 @@ import pytest
 
 
 @pytest.fixture
-def flips(request: pytest.FixtureRequest) -> Callable[[str], None]:
-    """`flips(fault)`: each marked verdict passes as written and fails under it."""
+def flips(request: pytest.FixtureRequest) -> Callable[..., None]:
+    """`flips(*faults)`: each marked verdict passes as written and fails under one
+    of the faults (usually one)."""
     ran = request.getfixturevalue("ran")
-    return lambda fault: harness.check(ran, fault, request.node)
+    return lambda *faults: harness.check(ran, faults, request.node)

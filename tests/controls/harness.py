@@ -232,33 +232,35 @@ def by_printer(lines: list[str], world: int) -> dict[str, list[str]]:
     return out
 
 
-def assert_flips(ran: Ran, fault: str, pattern: str, printed_on: str = "") -> None:
-    """The verdicts `pattern` matches: a PASS as written, a FAIL under `fault`.
+def assert_flips(
+    ran: Ran, faults: Sequence[str], pattern: str, printed_on: str = ""
+) -> None:
+    """The verdicts `pattern` matches: a PASS as written, a FAIL under the faults.
 
     A verdict is the k-th line matching `pattern` that each printer printed (the
-    same print on every rank): it fails if it says FAIL or False on some rank."""
-    if fault not in ran.lines:
-        raise KeyError(f"no fault {fault!r} was run: {sorted(ran.lines)}")
-    written = [ln for ln in ran.written(fault) if re.search(pattern, ln)]
-    if not printed_on:
-        assert [ln for ln in written if not failing(ln)], (
-            f"as written, no passing line matches {pattern!r}:\n"
-            + "\n".join(ran.written(fault))
-        )
-    planted = ran.lines[fault]
-    streams = [
-        [ln for ln in mine if re.search(pattern, positive(ln))]
-        for mine in by_printer(planted, ran.world).values()
-    ]
-    most = max(map(len, streams), default=0)
-    assert most, f"under {fault!r}, no line matches {pattern!r}:\n" + "\n".join(planted)
-    held = [
-        [s[k] for s in streams if k < len(s)]
-        for k in range(most)
-        if not any(failing(s[k]) for s in streams if k < len(s))
-    ]
-    assert not held, f"under {fault!r}, verdicts that still pass:\n" + "\n".join(
-        line for lines in held for line in lines
+    same print on every rank): it fails if it says FAIL or False on some rank under
+    one of `faults` (several faults may share a check's verdicts between them: each
+    of a table's rows failed by one fault or another)."""
+    missing = [f for f in faults if f not in ran.lines]
+    if missing:
+        raise KeyError(f"faults never run: {missing}; run: {sorted(ran.lines)}")
+    for fault in faults:
+        written = [ln for ln in ran.written(fault) if re.search(pattern, ln)]
+        if not printed_on:
+            assert [ln for ln in written if not failing(ln)], (
+                f"as written, no passing line matches {pattern!r}:\n"
+                + "\n".join(ran.written(fault))
+            )
+    verdicts: dict[int, list[str]] = {}
+    for fault in faults:
+        for mine in by_printer(ran.lines[fault], ran.world).values():
+            hits = [ln for ln in mine if re.search(pattern, positive(ln))]
+            for k, line in enumerate(hits):
+                verdicts.setdefault(k, []).append(line)
+    assert verdicts, f"under {faults}, no line matches {pattern!r}"
+    held = [lines for lines in verdicts.values() if not any(map(failing, lines))]
+    assert not held, f"under {faults}, verdicts that still pass:\n" + "\n".join(
+        lines[0] for lines in held
     )
 
 
@@ -375,9 +377,10 @@ def assert_holds(ran: Ran, fault: str, pattern: str) -> None:
     assert not any(map(failing, hits)), "\n".join(hits)
 
 
-def check(ran: Ran, fault: str, node: pytest.Item) -> None:
+def check(ran: Ran, faults: Sequence[str], node: pytest.Item) -> None:
     """`assert_flips` for each `pytest.mark.controls` marker of the test `node`."""
     markers = list(node.iter_markers("controls"))
     assert markers, f"{node.nodeid}: no pytest.mark.controls marker to check"
     for marker in markers:
-        assert_flips(ran, fault, marker.args[1], marker.kwargs.get("printed_on", ""))
+        printed_on = marker.kwargs.get("printed_on", "")
+        assert_flips(ran, faults, marker.args[1], printed_on)
