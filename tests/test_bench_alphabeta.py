@@ -54,7 +54,7 @@ def test_the_break_verdict_needs_four_ranks_outside_the_band() -> None:
         "3: PASS"
     )
     assert lines[3] == (
-        "4 ranks on 2 cores, naive at 1 MiB: 4.00 × predicted from 2 ranks, outside "
+        "4 ranks on 2 cores, naive at 4 KiB: 4.00 × predicted from 2 ranks, outside "
         "a factor 3: PASS"
     )
     holds = alphabeta.verdicts(_stored({}))

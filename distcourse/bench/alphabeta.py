@@ -37,7 +37,9 @@ ALGORITHMS = ("ring", "naive", "tree")
 FIT_AT = (0, 2, 6)  # 4 KiB, 64 KiB, 16 MiB
 CHECK_AT = (1, 3, 4, 5)  # 16 KiB, 256 KiB, 1 MiB, 4 MiB: never fitted
 BAND = 3.0  # a prediction holds within this factor of the median, either way
-BREAKS = {"naive": 2**20, "tree": 2**20}  # where the chapter says 4 ranks break it
+# where the chapter says 4 ranks on 2 cores break the model: the smallest size, where a
+# step costs its alpha and a rank that waits for a turn on a core pays more than that
+BREAKS = {"naive": 4096, "tree": 4096}
 
 
 @dataclass(frozen=True)
