@@ -151,3 +151,21 @@ def test_only_the_bytes_an_op_holds_are_held() -> None:
         flat[3:5].mul_(2.0)  # overlaps the piece in flight
     completion.complete(held)
     sent.add_(1.0)  # after the wait: fine
+
+
+def test_a_copy_to_the_host_pickles_as_a_plain_tensor_once_done() -> None:
+    """torch.save (DCP's staging copies to the host with non_blocking=True) stores
+    a plain tensor after the synchronize, and refuses before it."""
+    import io
+
+    emulate.setup()
+    gpu = torch.device(emulate.DEVICE_TYPE, 0)
+    host = torch.arange(3.0, device=gpu).to("cpu", non_blocking=True)
+    with pytest.raises(completion.CompletionRuleError, match="non-blocking copy"):
+        torch.save(host, io.BytesIO())
+    torch.get_device_module(gpu).synchronize()
+    buffer = io.BytesIO()
+    torch.save({"t": host}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)["t"]  # weights_only: a plain tensor
+    assert type(loaded) is torch.Tensor and loaded.tolist() == [0.0, 1.0, 2.0]

@@ -276,6 +276,16 @@ class PendingHost(torch.Tensor):
                         raise CompletionRuleError(message)
             return func(*args, **(kwargs or {}))
 
+    def __reduce_ex__(self, proto: Any) -> Any:
+        """Pickled as the plain tensor it is once its copy is done (torch.save,
+        DCP's staging), and refused before, as any other read."""
+        with torch._C.DisableTorchFunctionSubclass():
+            owner = _copies.owner(self)
+            if owner is not None:
+                raise CompletionRuleError(_read_message(owner, "pickling"))
+            plain = self.as_subclass(torch.Tensor)
+        return plain.__reduce_ex__(proto)
+
 
 def pending_host(host: torch.Tensor) -> torch.Tensor:
     """`host` as a PendingHost (sharing its storage)."""
