@@ -90,3 +90,21 @@ def test_every_stored_run_of_the_book_is_quiet_and_complete() -> None:
         assert p["quiet"] is True, (path.name, got.describe())
         for key in ("date", "machine", "cores", "load_average_before", "torch"):
             assert p.get(key) not in (None, ""), (path.name, key)
+
+
+def test_finish_prints_the_run_then_refuses_to_store_a_busy_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A benchmark's end: the run is printed whatever happens; storing a busy run
+    fails with the reason on stderr and exit code 1, nothing written."""
+    busy = record.Quiet(cores=2, load_before=(3.0,), others=0.0)
+    shown: list[str] = []
+    code = record.finish(
+        "z", {"a": 1}, busy, lambda run: shown.append(run.name), store_it=True, ranks=2
+    )
+    out, err = capsys.readouterr()
+    assert code == 1 and shown == ["z"] and "load average 3.0 before the run" in err
+    assert not record.path("z").exists()
+    calm = record.Quiet(cores=2, load_before=(0.1,), others=0.0)
+    assert record.finish("z", {"a": 1}, calm, print, as_json=True, ranks=2) == 0
+    assert '"data": {"a": 1}' in capsys.readouterr().out

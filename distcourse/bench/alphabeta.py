@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -168,25 +167,24 @@ def main(argv: list[str]) -> int:
     cfg = QUICK if args.quick else Config()
     with record.Quiet() as quiet:
         data = measure_all(cfg)
-    run = dict(ranks=list(cfg.worlds), threads_per_rank=1)
-    if args.store:
-        where = record.store(
-            NAME,
-            data,
-            quiet,
-            keep_busy=args.keep_busy,
-            command=record.command_line(),
-            **run,
-        )
-        print(f"stored {where}")
-    stored = record.Stored(NAME, data, quiet.provenance(**run))
-    if args.json:
-        print(json.dumps(dict(data=data, provenance=stored.provenance)))
-    elif args.quick:  # too few sizes to fit: the medians
-        for world in cfg.worlds:
+
+    def show(run: record.Stored) -> None:
+        if not args.quick:
+            report(run)
+            return
+        for world in cfg.worlds:  # too few sizes to fit: the medians
             for name, times in medians(data, world).items():
                 shown = ", ".join(f"{1e6 * t:.0f} µs" for t in times)
                 print(f"{world} ranks, {name:<5} {shown}")
-    else:
-        report(stored)
-    return 0
+
+    return record.finish(
+        NAME,
+        data,
+        quiet,
+        show,
+        store_it=args.store,
+        keep_busy=args.keep_busy,
+        as_json=args.json,
+        ranks=list(cfg.worlds),
+        threads_per_rank=1,
+    )

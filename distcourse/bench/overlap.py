@@ -150,22 +150,14 @@ def main(argv: list[str]) -> int:
     cfg = QUICK if args.quick else Config()
     with record.Quiet() as quiet:
         data = measure(cfg)
-    if args.store:
-        where = record.store(
-            NAME,
-            data,
-            quiet,
-            keep_busy=args.keep_busy,
-            ranks=cfg.ranks,
-            threads_per_rank=1,
-            command=record.command_line(),
-        )
-        print(f"stored {where}")
-    stored = record.Stored(NAME, data, quiet.provenance(ranks=cfg.ranks))
-    if args.json:
-        import json
-
-        print(json.dumps(dict(data=data, provenance=stored.provenance)))
-    else:
-        report(stored)
-    return 0
+    return record.finish(
+        NAME,
+        data,
+        quiet,
+        report,
+        store_it=args.store,
+        keep_busy=args.keep_busy,
+        as_json=args.json,
+        ranks=cfg.ranks,
+        threads_per_rank=1,
+    )

@@ -27,6 +27,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -240,3 +241,33 @@ def missing(name: str, command: str) -> str:
 def command_line() -> str:
     """This process's command line, for the provenance."""
     return " ".join([Path(sys.executable).name, *sys.argv])
+
+
+def finish(
+    name: str,
+    data: dict[str, Any],
+    quiet: Quiet,
+    show: Callable[[Stored], None],
+    *,
+    store_it: bool = False,
+    keep_busy: bool = False,
+    as_json: bool = False,
+    **run: Any,
+) -> int:
+    """A benchmark's end: print the run (one JSON object, or `show`), then store it
+    as `name` if asked; a busy machine's run is refused with the reason on stderr
+    and exit code 1 (it was printed all the same)."""
+    run.setdefault("command", command_line())
+    measured = Stored(name, data, quiet.provenance(**run))
+    if as_json:
+        print(json.dumps(dict(data=data, provenance=measured.provenance)))
+    else:
+        show(measured)
+    if store_it:
+        try:
+            where = store(name, data, quiet, keep_busy=keep_busy, **run)
+        except NotQuiet as refused:
+            print(refused, file=sys.stderr)
+            return 1
+        print(f"stored {where}")
+    return 0

@@ -135,13 +135,14 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     with record.Quiet() as quiet:
         data = run(args.repeats, args.cut, timeout=60 * (10 + args.repeats))
-    run_fields = dict(ranks=2, threads_per_rank=1, command=record.command_line())
-    if args.store:
-        where = record.store(NAME, data, quiet, keep_busy=args.keep_busy, **run_fields)
-        print(f"stored {where}")
-    stored = record.Stored(NAME, data, quiet.provenance(**run_fields))
-    if args.json:
-        print(json.dumps(dict(data=data, provenance=stored.provenance)))
-    else:
-        report(stored)
-    return 0
+    return record.finish(
+        NAME,
+        data,
+        quiet,
+        report,
+        store_it=args.store,
+        keep_busy=args.keep_busy,
+        as_json=args.json,
+        ranks=2,
+        threads_per_rank=1,
+    )

@@ -227,20 +227,21 @@ def main(argv: list[str]) -> int:
     cfg = QUICK if args.quick else Config()
     with record.Quiet() as quiet:
         rows = run(cfg)
-    print(format_table(rows))
-    print(f"strong, 2 ranks: {gap_line(gap(rows))}")
-    if args.store:
-        where = record.store(
-            NAME,
-            dict(rows=rows),
-            quiet,
-            keep_busy=args.keep_busy,
-            ranks=list(cfg.worlds),
-            threads_per_rank=1,
-            command=record.command_line(),
-        )
-        print(f"stored {where}")
-    return 0
+
+    def show(_: record.Stored) -> None:
+        print(format_table(rows))
+        print(f"strong, 2 ranks: {gap_line(gap(rows))}")
+
+    return record.finish(
+        NAME,
+        dict(rows=rows),
+        quiet,
+        show,
+        store_it=args.store,
+        keep_busy=args.keep_busy,
+        ranks=list(cfg.worlds),
+        threads_per_rank=1,
+    )
 
 
 def plot(rows: list[dict]) -> object:
