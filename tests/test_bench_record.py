@@ -97,14 +97,14 @@ def test_finish_prints_the_run_then_refuses_to_store_a_busy_one(
 ) -> None:
     """A benchmark's end: the run is printed whatever happens; storing a busy run
     fails with the reason on stderr and exit code 1, nothing written."""
+    args = record.parser("z", "z").parse_args(["--store"])
     busy = record.Quiet(cores=2, load_before=(3.0,), others=0.0)
     shown: list[str] = []
-    code = record.finish(
-        "z", {"a": 1}, busy, lambda run: shown.append(run.name), store_it=True, ranks=2
-    )
+    code = record.finish("z", {"a": 1}, busy, lambda r: shown.append(r.name), args)
     out, err = capsys.readouterr()
     assert code == 1 and shown == ["z"] and "load average 3.0 before the run" in err
     assert not record.path("z").exists()
     calm = record.Quiet(cores=2, load_before=(0.1,), others=0.0)
-    assert record.finish("z", {"a": 1}, calm, print, as_json=True, ranks=2) == 0
+    as_json = record.parser("z", "z").parse_args(["--json"])
+    assert record.finish("z", {"a": 1}, calm, print, as_json, ranks=2) == 0
     assert '"data": {"a": 1}' in capsys.readouterr().out

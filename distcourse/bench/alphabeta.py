@@ -20,7 +20,6 @@ miss the prediction by more than BAND, either way.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import statistics
 from dataclasses import asdict, dataclass
@@ -147,22 +146,13 @@ def table(data: dict[str, Any], live: dict[str, Any] | None = None) -> list[str]
 def report(stored: record.Stored | None, live: dict[str, Any] | None = None) -> None:
     """Print the stored run's ratios, provenance and verdicts (or that none is
     stored), with the live run's ratios beside them."""
-    if stored is None:
-        print(record.missing(NAME, "python -m distcourse.bench alphabeta --store"))
-        if live:
-            print(*[f"(live) {line}" for line in table(live)], sep="\n")
-        return
-    print(*table(stored.data, live), sep="\n")
-    print(stored.describe())
-    print(*verdicts(stored), sep="\n")
+    here = [f"(live) {line}" for line in table(live)] if live and not stored else []
+    record.report(NAME, "alphabeta", stored, lambda d: table(d, live), verdicts, here)
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distcourse.bench alphabeta")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = record.parser("alphabeta", NAME)
     parser.add_argument("--quick", action="store_true", help="3 sizes, 2 repeats")
-    parser.add_argument("--store", action="store_true", help=f"write {NAME}.json")
-    parser.add_argument("--keep-busy", action="store_true", help="store it flagged")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else Config()
     with record.Quiet() as quiet:
@@ -178,13 +168,5 @@ def main(argv: list[str]) -> int:
                 print(f"{world} ranks, {name:<5} {shown}")
 
     return record.finish(
-        NAME,
-        data,
-        quiet,
-        show,
-        store_it=args.store,
-        keep_busy=args.keep_busy,
-        as_json=args.json,
-        ranks=list(cfg.worlds),
-        threads_per_rank=1,
+        NAME, data, quiet, show, args, ranks=list(cfg.worlds), threads_per_rank=1
     )

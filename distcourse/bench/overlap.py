@@ -19,7 +19,6 @@ cores: there a bucket's all-reduce waits for a core that backward holds.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -129,35 +128,23 @@ def table(stored: dict[str, Any], live: dict[str, Any] | None = None) -> list[st
 def report(stored: record.Stored | None, live: dict[str, Any] | None = None) -> None:
     """Print the stored run's table, provenance and verdict (or that none is
     stored), with the live run's medians beside."""
-    if stored is None:
-        print(record.missing(NAME, "python -m distcourse.bench overlap --store"))
-        if live:
-            for cap, median in medians(live).items():
-                print(f"{cap:>5} MB: (live) {median:.2f}")
-        return
-    print(*table(stored.data, live), sep="\n")
-    print(stored.describe())
-    print(verdict(stored))
+    here = (
+        [f"{cap:>5} MB: (live) {m:.2f}" for cap, m in medians(live).items()]
+        if (live and stored is None)
+        else []
+    )
+    record.report(
+        NAME, "overlap", stored, lambda d: table(d, live), lambda s: [verdict(s)], here
+    )
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distcourse.bench overlap")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = record.parser("overlap", NAME)
     parser.add_argument("--quick", action="store_true", help="a small model, 3 steps")
-    parser.add_argument("--store", action="store_true", help=f"write {NAME}.json")
-    parser.add_argument("--keep-busy", action="store_true", help="store it flagged")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else Config()
     with record.Quiet() as quiet:
         data = measure(cfg)
     return record.finish(
-        NAME,
-        data,
-        quiet,
-        report,
-        store_it=args.store,
-        keep_busy=args.keep_busy,
-        as_json=args.json,
-        ranks=cfg.ranks,
-        threads_per_rank=1,
+        NAME, data, quiet, report, args, ranks=cfg.ranks, threads_per_rank=1
     )

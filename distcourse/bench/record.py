@@ -19,6 +19,7 @@ prints where none is stored yet.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -144,25 +145,24 @@ def _machine() -> str:
 
 def _commit() -> str:
     """The repository's commit, with '+changes' where the tree differs, or ''."""
-    root = MEASUREMENTS.parents[1]
+    head = _git("rev-parse", "--short", "HEAD")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return f"{head}+changes" if head and dirty else head
+
+
+def _git(*args: str) -> str:
+    """What `git args...` prints in the repository ('' where git is not at hand)."""
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
+        done = subprocess.run(
+            ["git", *args],
             capture_output=True,
             text=True,
-            cwd=root,
+            cwd=MEASUREMENTS.parents[1],
             timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            cwd=root,
-            timeout=10,
-        ).stdout.strip()
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
-    return f"{head}+changes" if head and dirty else head
+    return done.stdout.strip()
 
 
 @dataclass(frozen=True)
@@ -243,31 +243,57 @@ def command_line() -> str:
     return " ".join([Path(sys.executable).name, *sys.argv])
 
 
+def parser(name: str, stored: str) -> argparse.ArgumentParser:
+    """`python -m distcourse.bench NAME` with what every stored-run benchmark takes:
+    --json, --store (as `stored`.json) and --keep-busy."""
+    made = argparse.ArgumentParser(prog=f"python -m distcourse.bench {name}")
+    made.add_argument("--json", action="store_true", help="print one JSON object")
+    made.add_argument("--store", action="store_true", help=f"write {stored}.json")
+    made.add_argument("--keep-busy", action="store_true", help="store it flagged")
+    return made
+
+
 def finish(
     name: str,
     data: dict[str, Any],
     quiet: Quiet,
     show: Callable[[Stored], None],
-    *,
-    store_it: bool = False,
-    keep_busy: bool = False,
-    as_json: bool = False,
+    args: argparse.Namespace,
     **run: Any,
 ) -> int:
-    """A benchmark's end: print the run (one JSON object, or `show`), then store it
-    as `name` if asked; a busy machine's run is refused with the reason on stderr
-    and exit code 1 (it was printed all the same)."""
+    """A benchmark's end (`args` from `parser`): print the run (one JSON object, or
+    `show`), then store it as `name` if asked; a busy machine's run is refused with
+    the reason on stderr and exit code 1 (it was printed all the same)."""
     run.setdefault("command", command_line())
     measured = Stored(name, data, quiet.provenance(**run))
-    if as_json:
+    if args.json:
         print(json.dumps(dict(data=data, provenance=measured.provenance)))
     else:
         show(measured)
-    if store_it:
+    if args.store:
         try:
-            where = store(name, data, quiet, keep_busy=keep_busy, **run)
+            where = store(name, data, quiet, keep_busy=args.keep_busy, **run)
         except NotQuiet as refused:
             print(refused, file=sys.stderr)
             return 1
         print(f"stored {where}")
     return 0
+
+
+def report(
+    name: str,
+    bench: str,
+    stored: Stored | None,
+    lines: Callable[[dict[str, Any]], list[str]],
+    verdicts: Callable[[Stored], list[str]],
+    live: list[str],
+) -> None:
+    """What a chapter prints of the stored run `name` (made by `python -m
+    distcourse.bench BENCH --store`): `lines` of its data, where and how it was
+    measured, its `verdicts`; where none is stored, that, how to make one, and the
+    `live` run's lines alone."""
+    if stored is None:
+        command = f"python -m distcourse.bench {bench} --store"
+        print(missing(name, command), *live, sep="\n")
+        return
+    print(*lines(stored.data), stored.describe(), *verdicts(stored), sep="\n")

@@ -16,7 +16,6 @@ same script live (one timed run a row) and prints it beside the stored one.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -114,35 +113,20 @@ def table(stored: dict[str, Any], live: dict[str, Any] | None = None) -> list[st
 def report(stored: record.Stored | None, live: dict[str, Any] | None = None) -> None:
     """Print the stored run's table, provenance and verdict (or that none is
     stored), with the live run's speed-ups beside."""
-    if stored is None:
-        print(record.missing(NAME, "python -m distcourse.bench resnet --store"))
-        if live:
-            for split, m, s in speedups(live):
-                print(f"split {split:>2} ({m:>2} micro-batches): (live) {s:.2f}x")
-        return
-    print(*table(stored.data, live), sep="\n")
-    print(stored.describe())
-    print(verdict(stored))
+    here = [
+        f"split {split:>2} ({m:>2} micro-batches): (live) {s:.2f}x"
+        for split, m, s in (speedups(live) if live and stored is None else [])
+    ]
+    record.report(
+        NAME, "resnet", stored, lambda d: table(d, live), lambda s: [verdict(s)], here
+    )
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distcourse.bench resnet")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = record.parser("resnet", NAME)
     parser.add_argument("--repeats", type=int, default=5, help="timed runs a row")
     parser.add_argument("--cut", choices=("balanced", "layer2"), default="balanced")
-    parser.add_argument("--store", action="store_true", help=f"write {NAME}.json")
-    parser.add_argument("--keep-busy", action="store_true", help="store it flagged")
     args = parser.parse_args(argv)
     with record.Quiet() as quiet:
         data = run(args.repeats, args.cut, timeout=60 * (10 + args.repeats))
-    return record.finish(
-        NAME,
-        data,
-        quiet,
-        report,
-        store_it=args.store,
-        keep_busy=args.keep_busy,
-        as_json=args.json,
-        ranks=2,
-        threads_per_rank=1,
-    )
+    return record.finish(NAME, data, quiet, report, args, ranks=2, threads_per_rank=1)

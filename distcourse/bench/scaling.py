@@ -16,7 +16,6 @@ of one flat tensor of 4P bytes), each a median of the slowest rank's times.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from dataclasses import dataclass
 
@@ -219,10 +218,8 @@ def gap_line(g: dict[str, float]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distcourse.bench scaling")
+    parser = record.parser("scaling", NAME)
     parser.add_argument("--quick", action="store_true", help="tiny model, few steps")
-    parser.add_argument("--store", action="store_true", help=f"write {NAME}.json")
-    parser.add_argument("--keep-busy", action="store_true", help="store it flagged")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else Config()
     with record.Quiet() as quiet:
@@ -232,16 +229,8 @@ def main(argv: list[str]) -> int:
         print(format_table(rows))
         print(f"strong, 2 ranks: {gap_line(gap(rows))}")
 
-    return record.finish(
-        NAME,
-        dict(rows=rows),
-        quiet,
-        show,
-        store_it=args.store,
-        keep_busy=args.keep_busy,
-        ranks=list(cfg.worlds),
-        threads_per_rank=1,
-    )
+    runs = dict(ranks=list(cfg.worlds), threads_per_rank=1)
+    return record.finish(NAME, dict(rows=rows), quiet, show, args, **runs)
 
 
 def plot(rows: list[dict]) -> object:
