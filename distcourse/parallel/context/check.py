@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from distcourse import checks, clock, runtime
+from distcourse import accelerator, checks, clock, runtime, sdpa
 from distcourse.comm.agree import Group, members
 from distcourse.comm.ledger import Ledger
 from distcourse.parallel.context.cost import (
@@ -141,6 +141,16 @@ def full_attention_kept(
     return saved_bytes(run, q, k, v)
 
 
+def _rng_state_bytes(q: Tensor, causal: bool) -> int:
+    """Bytes of random-number state one SDPA call keeps on q's device: CUDA's fused
+    kernels keep a seed and an offset per call (`distcourse.sdpa`), the CPU's none."""
+    kernel = sdpa.choose_kernel(
+        accelerator.kernel_type(q.device), q.dtype, q.size(-1), causal=causal
+    )
+    kept = sdpa.saved_bytes(kernel, 1, 1, 1, q.size(-1), q.dtype)
+    return kept.get("seed", 0) + kept.get("offset", 0)
+
+
 def ulysses_cost(
     shape: Shape,
     group: Group = None,
@@ -153,8 +163,9 @@ def ulysses_cost(
     and backward (`ledger`, all_to_alls counted from their pieces), bytes kept for
     backward (the formula is the CPU kernel's count); "share": cp times the bytes
     kept against what SDPA keeps on one process for the whole sequence, both on the
-    rank's device (its kernel decides); "ring": ring attention's wire bytes by
-    formula, against Ulysses's."""
+    rank's device (its kernel decides), plus the random-number state each further
+    call keeps (a seed and an offset on a GPU, none on the CPU); "ring": ring
+    attention's wire bytes by formula, against Ulysses's."""
     g = members(group, "ulysses_cost")
     B, H, T, D = shape
     whole = inputs(shape, kv_heads=kv_heads)
@@ -171,7 +182,11 @@ def ulysses_cost(
     return {
         "wire": (ledger.bytes_sent(), ulysses_bytes(*size, g.size)),
         "kept": (kept, saved_bytes_formula(B, H, T, D, g.size, kv_heads=k.size(1))),
-        "share": (kept * g.size, full_attention_kept(shape, causal, None, kv_heads)),
+        "share": (
+            kept * g.size,  # each of the cp calls keeps its kernel's own RNG state
+            full_attention_kept(shape, causal, None, kv_heads)
+            + (g.size - 1) * _rng_state_bytes(q, causal),
+        ),
         "ring": (ring_bytes(size[1], g.size), ulysses_bytes(*size, g.size)),
     }
 
