@@ -12,10 +12,12 @@ import torch
 from distcourse import plan
 from distcourse.examples.gpt import GPTConfig
 from distcourse.launch import spawn
+from distcourse.plan import memory as plan_memory
 from distcourse.train.layout import TrainLayout
 from distcourse.train.metrics import (
     Metrics,
     datasheet_peak,
+    hardware,
     plan_layout,
     planned_bytes,
     policy,
@@ -30,10 +32,14 @@ def test_the_planners_bytes_for_the_trainers_layout() -> None:
     assert (mine.dp, mine.tp, mine.pp, mine.micro_batches, mine.zero) == (2, 2, 2, 2, 1)
     got, why = planned_bytes(layout, CFG, 8, "adamw", 1)
     spec = plan.ModelSpec.from_config(CFG)
-    fp32 = plan.DTypePolicy("fp32", "fp32", "adamw")
-    assert why == "" and got == sum(plan.rank_memory(spec, 8, fp32, mine, 1).values())
+    fused = plan.DTypePolicy("fp32", "fp32", "adamw-fused")  # the CPU's AdamW
+    cpu = hardware(torch.device("cpu"), 8)
+    assert cpu.workspace == 0 and cpu.arch == "cpu"
+    moments = plan_memory.rank_moments(spec, 8, fused, mine, 1, cpu)
+    assert why == "" and got == plan_memory.peak(moments)[1]["total"]
     assert plan_layout(TrainLayout(dp=2, fsdp=True, ckpt="full")).reshard is False
-    assert policy(TrainLayout(dtype="bf16"), "sgd").dtype != "fp32"
+    assert policy(TrainLayout(dtype="bf16"), "sgd").dtype == "amp-bf16"
+    assert policy(TrainLayout(), "adamw", fused=False).optimizer == "adamw"
     refused, why = planned_bytes(TrainLayout(pp=4, micro_batches=2), CFG, 8, "sgd", 0)
     assert refused is None and "micro_batches" in why  # 1F1B's m >= pp rule
 

@@ -8,10 +8,13 @@
   plain FP32): `plan.GPUS`' GPUs by name, none on a CPU (no datasheet: null);
 - peak memory per rank, measured: on a GPU the CUDA allocator's peak of each
   step (everything alive counted), elsewhere `allocations.PeakMemory` over the
-  first step (what it allocates, plus the rank's tensors alive before it), and
-  beside it the planner's prediction for the same layout and dtype
-  (`plan.rank_memory` summed over its kinds for the rank's pipeline stage), or
-  null with the planner's reason where it refuses the layout.
+  trainer's construction (what it leaves alive: the rank's stages, flat buffers,
+  anything else it built) and its first step (what that allocates at its peak),
+  and
+  beside it the planner's prediction for the same layout, dtype and optimizer
+  (its largest moment for the rank's pipeline stage, `plan.memory.peak`, on the
+  rank's device: a datasheet GPU, or the CPU), or null with the planner's reason
+  where it refuses the layout.
 
 Rank 0 writes each record as a JSON line (`--metrics PATH`) and to TensorBoard
 (`--tensorboard DIR`: scalars loss, eval_loss, lr, tokens_per_s, mfu, the
@@ -31,8 +34,10 @@ import torch.distributed as dist
 from distcourse import accelerator, plan, runtime
 from distcourse.allocations import PeakMemory
 from distcourse.examples.gpt import GPTConfig
+from distcourse.plan import memory as plan_memory
 from distcourse.train.layout import TrainLayout
 from distcourse.train.model import flops_per_token
+from distcourse.train.state import optimizer_options
 
 # TF32 tensor-core peaks (dense), from the datasheets plan.hardware cites
 TF32 = {"h100": 494.7e12, "h200": 494.7e12, "a100": 156e12}
@@ -53,14 +58,26 @@ def datasheet_peak(device: torch.device, dtype: str) -> float | None:
     return None
 
 
-def policy(layout: TrainLayout, optimizer: str) -> plan.DTypePolicy:
-    """The planner's dtype policy for the run: float32, or bf16 compute with fp32
-    weights, gradients and optimizer state (autocast, and FSDP's bf16 gathers of
-    fp32 pieces): the planner's "amp-bf16" where it has one, else its "bf16"."""
-    if layout.dtype == "float32":
-        return plan.DTypePolicy("fp32", "fp32", optimizer)
-    amp = "amp-bf16" if "amp-bf16" in getattr(plan, "DTYPES", ()) else "bf16"
-    return plan.DTypePolicy(amp, "fp32", optimizer)
+def policy(layout: TrainLayout, optimizer: str, fused: bool = True) -> plan.DTypePolicy:
+    """The planner's dtype policy for the run: "fp32", or "amp-bf16" (fp32
+    weights, gradients and optimizer state, bf16 compute: autocast, and FSDP's
+    bf16 gathers of fp32 pieces); AdamW as "adamw-fused" where the trainer fuses
+    it (`state.optimizer_options`)."""
+    dtype = "fp32" if layout.dtype == "float32" else "amp-bf16"
+    name = "adamw-fused" if optimizer == "adamw" and fused else optimizer
+    return plan.DTypePolicy(dtype, "fp32", name)
+
+
+def hardware(device: torch.device, world: int) -> plan.Hardware:
+    """The planner's machine for `device`: a datasheet GPU by the CUDA device's
+    name (an H100 if it is none of them), else this machine's CPU ranks (no
+    workspace, CPU kernels: the emulated GPU computes with the CPU's too)."""
+    if accelerator.is_cuda(device):
+        name = torch.cuda.get_device_name(device).lower()
+        return next(
+            (hw for gpu, hw in plan.GPUS.items() if gpu in name), plan.GPUS["h100"]
+        )
+    return plan.local(0.0, 0.0, 1e12, memory=2**40, ranks=world)
 
 
 def plan_layout(layout: TrainLayout) -> plan.PlanLayout:
@@ -79,23 +96,36 @@ def plan_layout(layout: TrainLayout) -> plan.PlanLayout:
 
 
 def planned_bytes(
-    layout: TrainLayout, cfg: GPTConfig, batch: int, optimizer: str, stage: int
+    layout: TrainLayout,
+    cfg: GPTConfig,
+    batch: int,
+    optimizer: str,
+    stage: int,
+    hw: plan.Hardware | None = None,
 ) -> tuple[int | None, str]:
-    """(the planner's bytes for pipeline rank `stage`, ""), or (None, its reason
-    for refusing the layout)."""
+    """(the planner's peak bytes for pipeline rank `stage`: its largest moment,
+    `plan.memory.peak`, on `hw` (default: this rank's device, or the CPU
+    outside a group), ""), or (None, its reason for refusing the layout)."""
     spec = plan.ModelSpec.from_config(cfg)
     mine = plan_layout(layout)
+    device = runtime.device() if dist.is_initialized() else torch.device("cpu")
+    hw = hw or hardware(device, layout.world)
+    fused = bool(optimizer_options(optimizer, device))
     try:
         plan.check(spec, batch, mine)
-        kinds = plan.rank_memory(spec, batch, policy(layout, optimizer), mine, stage)
+        moments = plan_memory.rank_moments(
+            spec, batch, policy(layout, optimizer, fused), mine, stage, hw
+        )
     except ValueError as err:
         return None, str(err)
-    return sum(kinds.values()), ""
+    return plan_memory.peak(moments)[1]["total"], ""
 
 
-def measured_step(net: Any, step: Any, measure: bool) -> tuple[float, int | None]:
+def measured_step(step: Any, measure: bool, alive: int) -> tuple[float, int | None]:
     """Run `step()` (a training step returning its loss); with `measure`, also
-    its peak bytes on this rank (see the module docstring)."""
+    this rank's peak bytes in it: on a GPU the CUDA allocator's (everything
+    alive), elsewhere `alive` (the bytes the trainer's construction left alive,
+    counted as it was built) + what the step allocates at its peak."""
     device = runtime.device()
     if not measure:
         return step(), None
@@ -103,11 +133,9 @@ def measured_step(net: Any, step: Any, measure: bool) -> tuple[float, int | None
         torch.cuda.reset_peak_memory_stats(device)
         loss = step()
         return loss, torch.cuda.max_memory_allocated(device)
-    alive = net.held()
-    before = alive["params"] + alive["grads"] + alive["optimizer"]
     with PeakMemory(device) as meter:
         loss = step()
-    return loss, before + meter.peak
+    return loss, alive + meter.peak
 
 
 class Metrics:

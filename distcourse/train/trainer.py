@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
@@ -30,6 +31,7 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
 from distcourse import accelerator, runtime
+from distcourse.allocations import PeakMemory
 from distcourse.examples.gpt import GPTConfig
 from distcourse.mesh import Mesh
 from distcourse.parallel.hybrid import make_mesh
@@ -130,31 +132,25 @@ class Trainer:
         self.cfg = cfg = run.model(corpus)
         check(layout, cfg, dist.get_world_size(), run.batch)
         self.mesh = mesh or make_mesh(layout.grid, cfg, timeout=run.timeout)
-        self.net = train_state.build(
-            layout,
-            cfg,
-            self.mesh,
-            optimizer=run.optimizer,
-            lr=run.lr,
-            seed=run.seed,
-            clip=run.clip,
-            timeout=run.timeout,
-        )
-        self.scheduler = LambdaLR(self.net.optimizer, lr_factor(run))
-        dp, rank = layout.dp, self.mesh.coordinate["dp"]
-        seq = cfg.block_size
+        dp, rank, seq = layout.dp, self.mesh.coordinate["dp"], cfg.block_size
         self.sampler = Sampler(
-            corpus.train, run.batch, seq, seed=run.seed, dp=dp, rank=rank
-        )  # type: ignore[attr-defined]
-        self.held = (
-            held_out(corpus.val, run.eval_batches, run.batch, seq, dp, rank)
-            if run.eval_every
-            else []
-        )  # type: ignore[attr-defined]
+            corpus.train,  # type: ignore[attr-defined]
+            run.batch,
+            seq,
+            seed=run.seed,
+            dp=dp,
+            rank=rank,
+        )
+        self.held = []
+        if run.eval_every:
+            val = corpus.val  # type: ignore[attr-defined]
+            self.held = held_out(val, run.eval_batches, run.batch, seq, dp, rank)
         self.start, self.losses, self.evals = 0, [], {}
-        found = checkpoint.latest(run.ckpt_dir) if run.ckpt_dir and resume else None
-        if found is not None:
-            self._resume(found)
+        device = runtime.device()
+        counter = nullcontext() if accelerator.is_cuda(device) else PeakMemory(device)
+        with counter:  # what building (and resuming) leaves alive, on a CPU
+            self._build(resume)
+        self.alive = counter.end if isinstance(counter, PeakMemory) else 0
         self.step_no = self.start
         self.metrics = Metrics(
             layout,
@@ -166,6 +162,25 @@ class Trainer:
             tensorboard=run.tensorboard,
         )
         self.progress: Progress | None = None  # the last `fit`'s bar
+
+    def _build(self, resume: bool) -> None:
+        """The model on this rank and its schedule; then the newest checkpoint's
+        state, if resuming."""
+        run = self.run
+        self.net = train_state.build(
+            self.layout,
+            self.cfg,
+            self.mesh,
+            optimizer=run.optimizer,
+            lr=run.lr,
+            seed=run.seed,
+            clip=run.clip,
+            timeout=run.timeout,
+        )
+        self.scheduler = LambdaLR(self.net.optimizer, lr_factor(run))
+        found = checkpoint.latest(run.ckpt_dir) if run.ckpt_dir and resume else None
+        if found is not None:
+            self._resume(found)
 
     def _resume(self, found: object) -> None:
         """Everything a checkpoint holds, back in place."""
@@ -253,16 +268,19 @@ class Trainer:
         run = self.run
         until = run.steps if until is None else until
         self.progress = bar = Progress(self.step_no, until, quiet=run.quiet)
-        since, busy, first = 0, 0.0, True
+        since, busy = 0, 0.0
         try:
             while self.step_no < until:
-                measure = first or accelerator.is_cuda(runtime.device())
+                # a CPU counts the trainer's first step only (every operator is
+                # seen: slow); CUDA's allocator counts every step for free
+                measure = self.step_no == self.start or accelerator.is_cuda(
+                    runtime.device()
+                )
                 began = time.perf_counter()
                 loss, peak = measured_step(
-                    self.net, self.step, measure and self._logs(self.step_no + 1)
+                    self.step, measure and self._logs(self.step_no + 1), self.alive
                 )
                 busy += time.perf_counter() - began
-                first = False
                 since += 1
                 if profiler is not None:
                     profiler.step()  # type: ignore[attr-defined]
