@@ -73,28 +73,16 @@ def _sources() -> dict[str, str]:
     return out
 
 
-# Comparisons left in files whose owners were rewriting them when the rule came
-# (issue 50, 2026-12-04; /work/notes/e_device_adapter.txt asked them): file -> how
-# many. The list only shrinks: a new comparison anywhere fails, and an entry whose
-# file no longer needs it fails too, so it is taken out.
-NOT_YET = {
-    "distcourse/parallel/tensor/memory.py": 1,  # the planner's (issue 49)
-}
-
-
 def test_nothing_but_the_adapter_compares_a_device_with_cuda() -> None:
     found = {
-        name: len(lines)
+        name: lines
         for name, text in _sources().items()
         if (lines := _compares_with_cuda(text))
     }
-    new = {n: k for n, k in found.items() if k > NOT_YET.get(n, 0)}
-    assert not new, (
+    assert not found, (
         f"compare through distcourse.accelerator (is_gpu, kernel_type, "
-        f"ddp_device_ids, rng_state), not with 'cuda': {new}"
+        f"ddp_device_ids, rng_state), not with 'cuda': {found}"
     )
-    gone = {n: k for n, k in NOT_YET.items() if found.get(n, 0) < k}
-    assert not gone, f"fewer comparisons than NOT_YET allows: lower it {gone}"
 
 
 def test_the_rule_finds_a_planted_comparison() -> None:

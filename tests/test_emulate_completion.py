@@ -169,3 +169,29 @@ def test_a_copy_to_the_host_pickles_as_a_plain_tensor_once_done() -> None:
     buffer.seek(0)
     loaded = torch.load(buffer)["t"]  # weights_only: a plain tensor
     assert type(loaded) is torch.Tensor and loaded.tolist() == [0.0, 1.0, 2.0]
+
+
+def _poll_a_send() -> tuple[bool, float]:
+    """Rank 0 sends above the eager size (its send completes when rank 1's receive
+    runs, 0.5 s later) and polls is_completed() at once."""
+    import os
+
+    os.environ["DISTCOURSE_NCCL_EAGER_BYTES"] = "0"
+    x = torch.ones(4, device=runtime.device())
+    if dist.get_rank() == 1:
+        time.sleep(0.5)
+        dist.recv(x, 0)
+        return True, 0.0
+    work = dist.isend(x, 1)
+    start = time.monotonic()
+    first = work.is_completed()
+    took = time.monotonic() - start
+    work.wait()
+    return first, took
+
+
+def test_is_completed_never_blocks() -> None:
+    """As NCCL's query: False while the send waits for its receive, at once (the
+    pipeline runner polls it after every isend; a blocking answer deadlocked it)."""
+    (first, took), _ = spawn(_poll_a_send, 2, backend="emulated", timeout=LIMIT)
+    assert first is False and took < 0.25

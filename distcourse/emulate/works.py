@@ -54,8 +54,17 @@ class HeldWork(dist._Work):
         return True
 
     def is_completed(self) -> bool:
-        if self._unit is not None and not self._unit.done():
-            return False
+        """Never blocks, as NCCL's query does: False while the unit runs or one of
+        its sends is still in flight (it completes when its receive runs); True
+        once all are done (the results written in), or when the unit failed
+        (`wait()` raises its error)."""
+        if self._unit is not None:
+            if not self._unit.done():
+                return False
+            if self._unit.exception() is not None:
+                return True
+            if not all(send.is_completed() for send in self._unit.result()):
+                return False
         self._complete()
         return True
 
