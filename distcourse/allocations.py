@@ -71,7 +71,10 @@ class PeakMemory:
         self.start = 0
 
     def track(self, tensor: torch.Tensor) -> None:
-        """Watch `tensor`'s storage while it lives (once, however many views)."""
+        """Watch `tensor`'s storage while it lives (once, however many views).
+        A meta tensor has none: its storage reports the bytes it would hold."""
+        if tensor.is_meta:
+            return
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):  # no storage of its own

@@ -73,3 +73,13 @@ def test_the_emulated_device_reads_its_allocator() -> None:
         b = torch.empty(10, device=device)
     assert (memory.peak, memory.end) == (4000, 40)
     assert b.numel() == 10
+
+
+def test_a_meta_tensor_holds_no_memory() -> None:
+    """A model's shape on the meta device (the trainer's twins of other ranks'
+    stages) is not memory: its storage only reports the bytes it would hold."""
+    with PeakMemory("cpu") as memory:
+        shape = torch.nn.Linear(1000, 1000, device="meta")
+        real = torch.empty(10)
+    assert (memory.peak, memory.end) == (40, 40)
+    assert shape.weight.untyped_storage().nbytes() == 4_000_000 and real.numel() == 10
