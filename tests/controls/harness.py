@@ -28,7 +28,8 @@ set on every rank (and undone after) and each `Swap` applied to the cells' text.
 Each cell's output is folded across ranks as `%%ranks` shows it ("[all ranks] ...",
 "[rank 1] ..."), so a control's regex is the one that matches the stored notebook.
 A cell without `%%ranks` runs in this process after the ranks are done, and
-`ranks.pull(name, rank)` there reads the value that rank's cells left (`Pulled`).
+`ranks.pull(name, rank)` there reads the value that rank's cells left (`Pulled`);
+ranks it starts itself (`spawn(fn, n)`) run `fn` under the same plants.
 A chapter with no ranks (`ranks=0`) runs every cell in this process.
 
 `flips(fault)` (tests/controls/conftest.py) reads the test's `pytest.mark.controls`
@@ -55,6 +56,7 @@ import nbformat
 import pytest
 from verdict_controls import RANK_TAG
 
+from distcourse import launch
 from distcourse.launch import bookrun, cluster, spawn
 from distcourse.launch.columns import RankOutput, split_lines
 from distcourse.launch.script import swapped
@@ -268,7 +270,11 @@ def assert_flips(
 class Chapter:
     """A notebook's cells, run by the harness: `setup`, the texts of the cells every
     run starts with (imports, helpers), and `ranks` (default: the count its
-    `cluster.start(N)` writes; 0 runs every cell in this process)."""
+    `cluster.start(N)` writes; 0 runs every cell in this process).
+
+    `stored=True` takes the lines as written from the notebook's stored outputs of
+    the same cells instead of running them again (what nbval checks they still
+    print): for a chapter whose cells take long, it halves the work."""
 
     stem: str
     setup: Sequence[str] = ()
@@ -276,10 +282,13 @@ class Chapter:
     here: str = ""  # code run here before the kernel cells (imports)
     ranks: int | None = None
     timeout: float = 60.0
+    stored: bool = False
 
     def __post_init__(self) -> None:
         nb = nbformat.read(BOOK / f"{self.stem}.ipynb", as_version=4)
-        self.sources = [c.source for c in nb.cells if c.cell_type == "code"]
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        self.sources = [c.source for c in code]
+        self.printed = {c.source: printed(c) for c in code}
         if self.ranks is None:
             self.ranks = bookrun.written_ranks(nb)
 
@@ -300,7 +309,12 @@ class Chapter:
             key = tuple(fault.cells)
             if key not in baselines:
                 baselines[key] = f"{WRITTEN} {len(baselines)}"
-                runs[baselines[key]] = (cells, ())
+                if self.stored:
+                    ran.lines[baselines[key]] = [
+                        line for c in cells for line in self.printed[c]
+                    ]
+                else:
+                    runs[baselines[key]] = (cells, ())
             ran.written_of[name] = baselines[key]
             runs[name] = (with_swaps(cells, fault.plants), fault.plants)
         for name, lines in self._execute(runs).items():
@@ -331,10 +345,38 @@ class Chapter:
                 namespace = {"__name__": "__main__"}
                 namespace["ranks"] = Pulled([rank[i][1] for rank in per_rank])
                 exec(self.here, namespace)
-                with planted(plants):
+                with planted([*plants, Plant(launch, "spawn", reaching(plants), True)]):
                     lines += [ln for out in run_cells(kernel, namespace) for ln in out]
             found[name] = lines
         return found
+
+
+def reaching(plants: Sequence[Plant | Swap]) -> Callable:
+    """A plant for `launch.spawn`: a kernel cell's own ranks (`spawn(fn, n, ...)`)
+    run `fn` under the fault's plants too, as the harness's ranks do."""
+    mine = tuple(p for p in plants if isinstance(p, Plant))
+
+    def wrap(real: Callable) -> Callable:
+        def spawned(fn: Callable, n: int, *args: Any, **kwargs: Any) -> list:
+            return real(_planted_call, n, mine, fn, *args, **kwargs)
+
+        return spawned
+
+    return wrap
+
+
+def _planted_call(plants: tuple, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    with planted(plants):
+        return fn(*args, **kwargs)
+
+
+def printed(cell: nbformat.NotebookNode) -> list[str]:
+    """The lines a stored code cell printed or displayed as text."""
+    lines = []
+    for out in cell.get("outputs", []):
+        text = out.get("text") or out.get("data", {}).get("text/plain", "")
+        lines += split_lines("".join(text))
+    return lines
 
 
 def folded(per_rank: list[list[str]]) -> list[str]:

@@ -18,8 +18,8 @@ from typing import Any
 import harness
 import pytest
 import torch.distributed as dist
+from boxing_faults import NoBroadcast, roundabout, sums_twice
 from harness import Fault, Plant, Swap
-from torch import Tensor
 
 import distcourse.global_tensor as gt
 from distcourse.global_tensor import boxing, create, io
@@ -50,47 +50,6 @@ DIFFERENT_COPIES = [  # each rank's copy made different: to_global must even the
         "ours = gt.to_global(whole, p1, B)", "ours = gt.to_global(whole + rank, p1, B)"
     ),
 ]
-ROUTES = {  # (src, dst): the roundabout route's signatures, each costing more
-    (S0, B): [P, B],  # place in zeros, then all_reduce
-    (P, S0): [B, S0],  # all_reduce, then slice
-    (P, B): [B, S0, B],  # all_reduce, slice, all_gather again
-    (S0, S1): [B, S1],  # all_gather, then slice
-    (B, S0): [P, S0],  # zeros, then reduce_scatter
-    (B, P): [S0, B, P],  # slice, all_gather, zeros
-    (S0, P): [B, P],  # all_gather, then zeros
-}
-
-
-class NoBroadcast:
-    """torch.distributed as a module sees it, but `broadcast` does nothing."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(dist, name)
-
-    @staticmethod
-    def broadcast(*_: object, **__: object) -> None:
-        return None
-
-
-def sums_twice(convert: Callable) -> Callable:
-    """Boxing that sums a partial tensor twice: every P -> B or P -> S doubled."""
-
-    def faulty(x: Tensor, pl, dim, src, dst, size) -> Tensor:  # noqa: ANN001
-        out = convert(x, pl, dim, src, dst, size)
-        return out * 2 if src == P and dst != P else out
-
-    return faulty
-
-
-def roundabout(convert: Callable) -> Callable:
-    """Each conversion by another route (ROUTES), one step after another."""
-
-    def faulty(x: Tensor, pl, dim, src, dst, size) -> Tensor:  # noqa: ANN001
-        for step in ROUTES.get((src, dst), [dst]):
-            x, src = convert(x, pl, dim, src, step, size), step
-        return x
-
-    return faulty
 
 
 def summed_like_broadcast(watch: Callable) -> Callable:

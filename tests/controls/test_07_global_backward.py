@@ -13,12 +13,10 @@ from collections.abc import Callable
 
 import harness
 import pytest
-import torch
+from boxing_faults import sums_twice, wrong_order
 from harness import Fault, Plant, Swap
-from torch import Tensor
 
 from distcourse.global_tensor import boxing, duality, tensor
-from distcourse.global_tensor.sbp import Split, partial_sum
 
 CHAPTER = harness.Chapter("07_global_backward", setup=["p1 = gt.placement"])
 CELLS = [  # the cells, by a text of each
@@ -33,29 +31,6 @@ CELLS = [  # the cells, by a text of each
     "for g in (None, P):",
 ]
 TABLES = [CELLS[0], CELLS[2]]
-
-
-def sums_twice(convert: Callable) -> Callable:
-    """Boxing that sums a partial tensor twice: every P -> B or P -> S doubled."""
-
-    def faulty(x: Tensor, pl, dim, src, dst, size) -> Tensor:  # noqa: ANN001
-        out = convert(x, pl, dim, src, dst, size)
-        return out * 2 if src == partial_sum and dst != partial_sum else out
-
-    return faulty
-
-
-def wrong_order(convert: Callable) -> Callable:
-    """Boxing that puts the pieces in the wrong order (each split flipped)."""
-
-    def faulty(x: Tensor, pl, dim, src, dst, size) -> Tensor:  # noqa: ANN001
-        out = convert(x, pl, dim, src, dst, size)
-        split = dst if isinstance(dst, Split) else src
-        if isinstance(split, Split) and src != dst:
-            return torch.flip(out, [split.dim])
-        return out
-
-    return faulty
 
 
 def left_as_it_came(sig: tuple) -> tuple:
