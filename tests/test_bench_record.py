@@ -108,3 +108,24 @@ def test_finish_prints_the_run_then_refuses_to_store_a_busy_one(
     as_json = record.parser("z", "z").parse_args(["--json"])
     assert record.finish("z", {"a": 1}, calm, print, as_json, ranks=2) == 0
     assert '"data": {"a": 1}' in capsys.readouterr().out
+
+
+def _spin(seconds: float) -> float:
+    """Spin for `seconds` of wall time; return this rank's processor seconds."""
+    start, cpu = time.monotonic(), time.process_time()
+    while time.monotonic() - start < seconds:
+        pass
+    return time.process_time() - cpu
+
+
+def test_a_runs_own_ranks_count_as_its_own_not_as_other_programs() -> None:
+    """spawn's ranks are children of its forkserver, not of this process: their
+    processor time still counts as the run's own, so a quiet machine running
+    busy ranks is not taken for a busy one."""
+    from distcourse.launch import spawn
+
+    spawn(_spin, 2, 0.05)  # the forkserver up before measuring
+    before = record.own_seconds()
+    cpu = spawn(_spin, 2, 1.0)
+    after = record.own_seconds()
+    assert after - before >= 0.9 * sum(cpu), (after - before, cpu)

@@ -55,11 +55,42 @@ def _busy_seconds() -> float | None:
     return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def _own_seconds() -> float:
-    """Processor seconds of this process and of its children that have ended."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+def own_seconds() -> float:
+    """Processor seconds of this process and all its descendants, those alive (the
+    ranks of `launch.spawn` are children of its forkserver, not of this process)
+    and those ended (in their parents' counts): from /proc, or without it this
+    process and its children that ended."""
+    tree = _tree_ticks()
+    if tree is None:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    return tree / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_ticks() -> int | None:
+    """Clock ticks of this process and its live descendants, each with its ended
+    children's (utime + stime + cutime + cstime of /proc/PID/stat), or None."""
+    parent, ticks = {}, {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return None
+    for pid in entries:
+        try:
+            line = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        fields = line[line.rindex(")") + 2 :].split()
+        parent[int(pid)] = int(fields[1])
+        ticks[int(pid)] = sum(int(v) for v in fields[11:15])
+    me, total = os.getpid(), 0
+    for pid in ticks:
+        up = pid
+        while up > 1 and up != me:
+            up = parent.get(up, 0)
+        total += ticks[pid] if up == me else 0
+    return total
 
 
 @dataclass
@@ -79,7 +110,7 @@ class Quiet:
 
     def __enter__(self) -> Quiet:
         self.load_before = tuple(round(v, 2) for v in os.getloadavg())
-        self._start = (time.monotonic(), _busy_seconds(), _own_seconds())
+        self._start = (time.monotonic(), _busy_seconds(), own_seconds())
         return self
 
     def __exit__(
@@ -93,7 +124,7 @@ class Quiet:
         busy1 = _busy_seconds()
         self.load_after = tuple(round(v, 2) for v in os.getloadavg())
         if busy0 is not None and busy1 is not None and self.seconds > 0:
-            theirs = (busy1 - busy0) - (_own_seconds() - own0)
+            theirs = (busy1 - busy0) - (own_seconds() - own0)
             self.others = round(max(theirs, 0.0) / self.seconds, 3)
 
     def problems(self, limit: float = LOAD_PER_CORE) -> list[str]:
