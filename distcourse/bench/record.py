@@ -45,14 +45,16 @@ class NotQuiet(RuntimeError):
 
 
 def _busy_seconds() -> float | None:
-    """Seconds all processors have spent busy since boot (/proc/stat), or None."""
+    """Seconds all processors have spent running processes since boot, or None:
+    user, nice, system and steal of /proc/stat (steal: another machine on the same
+    host ran; interrupts are left out, as the run's own messages raise them)."""
     try:
         fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
     except OSError:
         return None
-    ticks = [int(v) for v in fields]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    ticks = [int(v) for v in fields] + [0] * 8
+    user, nice, system, steal = ticks[0], ticks[1], ticks[2], ticks[7]
+    return (user + nice + system + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def own_seconds() -> float:
