@@ -18,11 +18,19 @@ first.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_book_browser import HEIGHT, WIDTH, browser, site  # noqa: F401 (fixtures)
+from test_book_browser import (  # noqa: F401 (fixtures)
+    BLOCKS,
+    HEIGHT,
+    SIDEWAYS,
+    WIDTH,
+    browser,
+    site,
+)
 
 from distcourse import plan
 
@@ -38,7 +46,7 @@ SHEET = (
 ORDER = ["gpu", *SHEET] + (
     "layers hidden heads seq vocab experts top_k capacity_factor batch gpus dtype "
     "reduce optimizer dp tp pp micro_batches ep cp schedule virtual zero ckpt sp "
-    "bucket_view"
+    "bucket_view reshard"
 ).split()
 DENSE = dict(experts=0, top_k=1, capacity_factor=1.25, ep=1, cp=1)
 # A GPU in the form's units (TFLOP/s, TB/s, MiB, GB/s a direction, microseconds):
@@ -122,6 +130,7 @@ def variants(i: int, dp: int, tp: int, pp: int, m: int) -> Iterator[dict[str, An
             gpus_per_node=(8, 8, 4)[(j // 3) % 3],
             efficiency_bf16=(0.65, 0.65, 0.35)[k % 3],
             zero=str((i + 2 * k) % 4),
+            reshard=(i + 2 * k) % 4 != 3 or j % 2 == 0,  # ZeRO-3 kept gathered
             ckpt=("none", "selective", "full")[j % 3],
             sp=tp > 1 and j % 2 == 0,
             dtype=("fp32", "bf16", "amp-bf16")[(i + k) % 3],
@@ -175,6 +184,7 @@ IMPOSSIBLE = (  # each breaks one constraint of plan.check or of an input's own
     dict(cp=3, gpus=48),  # 4096 tokens are not 6 zig-zag chunks
     dict(experts=8, top_k=9),
     dict(experts=6, ep=4, gpus=64),
+    dict(zero="1", reshard=False),
 )
 CASES = grid() + [dict(BASE, **change) for change in IMPOSSIBLE]
 
@@ -192,6 +202,7 @@ def predict(case: dict[str, Any]) -> dict[str, Any]:
             zero=int(case["zero"]),
             sp=case["sp"],
             bucket_view=case["bucket_view"],
+            reshard=case["reshard"],
         )
         hw = hardware(case)
         found = plan.predict(model, case["batch"], policy, layout, hw, case["gpus"])
@@ -343,9 +354,9 @@ def test_presets_are_the_python_ones(page: Any) -> None:
         assert shape == list(plan.ModelSpec.from_params(params).to_dict().values())
 
 
-# Layouts the form does not offer (FSDP's reshard_after_forward=False, a ZeRO-3
-# setting of PlanLayout), and the per-micro-batch charges of ZeRO-2/3 in bf16,
-# through window.dcPlan.predict itself: model shape, batch, dtype, reduce, layout.
+# FSDP's reshard_after_forward=False (a ZeRO-3 setting of PlanLayout) and the
+# per-micro-batch charges of ZeRO-2/3 in bf16, through window.dcPlan.predict
+# itself: model shape, batch, dtype, reduce, layout.
 DIRECT = (
     ("7b", 64, "bf16", "bf16", dict(dp=8, zero=3, reshard=False)),
     ("7b", 64, "bf16", "fp32", dict(dp=8, zero=3, reshard=False, micro_batches=8)),
@@ -395,3 +406,332 @@ def test_layouts_beyond_the_form_equal_the_python(page: Any) -> None:
                 assert ok and exact, (fields, part, key, value, got)
         assert int(got["flops"]) == want["flops"]
     assert shown[-1]["error"].startswith("reshard=False (FSDP's")
+
+
+# ---------------------------------------------------------- the page's tools ----
+# What a reader reaches for beyond one prediction (issue 53): the form and its
+# results on one screen, dp that follows the GPU count, the fastest layout that
+# fits (plan.search, run by the page), a sweep, two layouts side by side, a time
+# axis the same for every input, labels clear of the bars, sizes in GiB, and
+# plain words for a field without a number.
+
+TYPE = """(fields) => { const f = document.querySelector('#dc-planner form');
+  for (const [name, value] of fields) { const e = f.elements[name];
+    if (e.type === 'checkbox') e.checked = value; else e.value = String(value);
+    e.dispatchEvent(new Event('input', {bubbles: true})); } }"""
+# the numbers the page shows whose data-key begins with a prefix
+READ = """(prefix) => Object.fromEntries([...document.querySelectorAll(
+  '#dc-planner [data-key]')].filter(e => e.dataset.key.startsWith(prefix))
+  .map(e => [e.dataset.key, e.dataset.value]))"""
+ERROR = """() => { const e = document.querySelector('#dc-planner .dc-plan-error');
+  return e.hidden ? null : e.innerText; }"""
+VALID = [c for c in grid() if "error" not in predict(c)]
+
+
+@pytest.fixture
+def tab(browser: Any, site: str) -> Iterator[Any]:  # noqa: F811 (fixtures)
+    """A fresh planner page (nothing typed yet), with no console error."""
+    fresh = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
+    errors: list[str] = []
+    fresh.on("pageerror", lambda e: errors.append(str(e)))
+    fresh.goto(f"{site}/{PAGE}", wait_until="load")
+    fresh.wait_for_selector("#dc-planner form")
+    yield fresh
+    fresh.close()
+    assert not errors, errors
+
+
+def typed(case: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(k, case[k]) for k in ORDER]
+
+
+def refusal(
+    model: plan.ModelSpec, batch: int, layout: plan.PlanLayout, gpus: int
+) -> str:
+    """The ValueError plan.check raises for an impossible layout."""
+    with pytest.raises(ValueError) as err:
+        plan.check(model, batch, layout, gpus)
+    return str(err.value)
+
+
+def test_the_form_and_its_results_fit_one_screen(tab: Any) -> None:
+    """At 1280 x 900, as the page opens: the whole form, the summary and both
+    charts, nothing scrolled; and so after the search puts a 4-stage pipeline in
+    the form (the 70B model on 64 GPUs)."""
+    where = """() => Object.fromEntries(['#dc-planner form', '.dc-plan-summary',
+      '.dc-plan-memory svg', '.dc-plan-time svg'].map(s => {
+        const r = document.querySelector(s).getBoundingClientRect();
+        return [s, [r.top, r.bottom]]; }))"""
+    for step in ("opened", "70B on 64 GPUs, searched"):
+        if step != "opened":
+            tab.evaluate(TYPE, [("preset", "70b")])
+            tab.click(".dc-plan-inputs .dc-plan-find")
+            assert int(tab.evaluate("document.querySelector('#dc-plan-pp').value")) > 1
+            tab.evaluate("window.scrollTo(0, 0)")
+        boxes = tab.evaluate(where)
+        off = {k: v for k, v in boxes.items() if v[0] < 0 or v[1] > HEIGHT}
+        assert not off, f"{step}: past the {HEIGHT}-px window: {off}"
+
+
+def test_dp_follows_the_gpus_until_it_is_pinned(tab: Any) -> None:
+    def dp() -> str:
+        return tab.evaluate("document.querySelector('#dc-plan-dp').value")
+
+    assert dp() == "16" and tab.evaluate(ERROR) is None  # 64 GPUs / (tp 2 x pp 2)
+    tab.evaluate(TYPE, [("gpus", 128)])
+    assert dp() == "32" and tab.evaluate(ERROR) is None
+    assert tab.evaluate(READ, "gpus") == {"gpus": "128"}
+    tab.evaluate(TYPE, [("tp", 4)])
+    assert dp() == "16" and tab.evaluate(ERROR) is None
+    tab.evaluate(TYPE, [("dp", 8), ("gpus", 256)])  # typed: pinned
+    assert tab.evaluate("document.querySelector('#dc-plan-dp_pinned').checked")
+    model = plan.ModelSpec.from_params(7e9)
+    want = refusal(model, 256, plan.PlanLayout(dp=8, tp=4, pp=2, micro_batches=8), 256)
+    assert want in tab.evaluate(ERROR), tab.evaluate(ERROR)
+    tab.evaluate(TYPE, [("dp_pinned", False)])  # unpinned: it follows again
+    assert dp() == "32" and tab.evaluate(ERROR) is None
+
+
+# model, batch, dtype, reduce, optimizer, GPU, GPUs, chapter 12's fields
+SEARCHES = (
+    ("7b", 64, "bf16", "bf16", "adamw", "h100", 8, {}),
+    ("70b", 256, "bf16", "fp32", "adamw", "h100", 64, {}),
+    ("small", 32, "fp32", "fp32", "sgd", "a100", 16, {}),
+    ("7b", 512, "amp-bf16", "fp32", "adamw-fused", "h200", 32, {}),
+    ("small", 16, "bf16", "bf16", "adamw", "h200", 8, dict(experts=8, top_k=2, ep=2)),
+    ("70b", 64, "bf16", "fp32", "adamw", "h100", 8, {}),  # nothing fits
+    ("small", 4, "fp32", "fp32", "adamw", "h100", 3, {}),  # no layout at all
+)
+SEARCHED = """() => { document.querySelector('.dc-plan-inputs .dc-plan-find').click();
+  const s = window.dcPlannerState.search;
+  return s && s.map(p => [window.dcPlan.layoutKey(p.layout), String(p.memory.total),
+    p.time.total]); }"""
+LAYOUT_FIELDS = (
+    "dp tp pp micro_batches zero sp ckpt schedule virtual bucket_view ep cp reshard"
+).split()
+
+
+def layout_key(layout: plan.PlanLayout) -> str:
+    """window.dcPlan.layoutKey of the same layout."""
+    values = (getattr(layout, k) for k in LAYOUT_FIELDS)
+    return ",".join(str(v).lower() if isinstance(v, bool) else str(v) for v in values)
+
+
+def search_case(row: tuple) -> dict[str, Any]:
+    """BASE with a row of SEARCHES typed over it (its layout then matters not)."""
+    name, batch, dtype, reduce, optimizer, gpu, gpus, moe = row
+    case = dict(BASE, **SHEETS[gpu], gpu=gpu, gpus=gpus, batch=batch, **moe)
+    case.update(zip(SHAPE, MODELS[name], strict=True))
+    return dict(case, dtype=dtype, reduce=reduce, optimizer=optimizer)
+
+
+def test_the_page_finds_the_layouts_plan_search_finds(tab: Any) -> None:
+    """The page's search lists the layouts `plan.search` returns, in its order
+    (ties aside), puts the fastest in the form and shows the next ones; where no
+    layout suits, the Python's message."""
+    bad = []
+    for row in SEARCHES:
+        case = search_case(row)
+        tab.evaluate(TYPE, typed(case))
+        got = tab.evaluate(SEARCHED)
+        moe = ("experts", "top_k", "capacity_factor")
+        model = plan.ModelSpec(*(case[k] for k in (*SHAPE, *moe)))
+        policy = plan.DTypePolicy(case["dtype"], case["reduce"], case["optimizer"])
+        fixed = (
+            dict(ep=case["ep"], cp=case["cp"]) if case["ep"] * case["cp"] > 1 else None
+        )
+        try:
+            found = plan.search(
+                model, case["batch"], policy, hardware(case), case["gpus"], fixed
+            )
+        except ValueError as err:
+            shown = tab.evaluate(READ, "search.error")
+            if got is not None or shown.get("search.error") != str(err):
+                bad.append(f"{row}: Python {err}, page {got} {shown}")
+            continue
+        want = [
+            (layout_key(p.layout), p.memory["total"], p.time["total"]) for p in found
+        ]
+        if len(got) != len(want) or sorted(k for k, *_ in got) != sorted(
+            k for k, *_ in want
+        ):
+            bad.append(f"{row}: {len(got)} layouts, Python {len(want)} (or others)")
+            continue
+        for i, ((_, mem, secs), (_, gmem, gsecs)) in enumerate(
+            zip(want, got, strict=True)
+        ):
+            if int(gmem) != mem or not math.isclose(gsecs, secs, rel_tol=1e-9):
+                bad.append(
+                    f"{row}: #{i} Python {mem} B {secs} s, page {gmem} B {gsecs} s"
+                )
+                break
+        shown = tab.evaluate(READ, "")
+        if not want:
+            if shown.get("search.count") != "0":
+                bad.append(
+                    f"{row}: nothing fits, the page says {shown.get('search.count')}"
+                )
+            continue
+        if sideways := tab.evaluate(SIDEWAYS, [BLOCKS, None]):
+            bad.append(f"{row}: the list scrolls sideways: {sideways}")
+        listed = [shown.get(f"search.{i}.layout") for i in range(min(5, len(got)))]
+        if listed != [k for k, *_ in got[:5]] or shown["search.count"] != str(
+            len(want)
+        ):
+            bad.append(f"{row}: the list shows {listed}")
+        best = found[0].to_dict()  # now in the form, and predicted there
+        if int(shown["memory.total"]) != best["memory"]["total"] or not math.isclose(
+            float(shown["time.total"]), best["time"]["total"], rel_tol=1e-9
+        ):
+            bad.append(f"{row}: the form's prediction is not the fastest layout's")
+    assert not bad, "\n".join(bad)
+
+
+SWEPT = """(over) => {
+  const s = document.querySelector('#dc-planner select[name=sweep]');
+  s.value = over; s.dispatchEvent(new Event('change', {bubbles: true}));
+  const xs = '#dc-planner [data-key^="sweep."][data-key$=".x"]';
+  return [...document.querySelectorAll(xs)]
+    .map(e => [e.dataset.value, e.dataset.error ?? null, e.dataset.fits ?? null]); }"""
+FACTORS = (1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8)
+
+
+def test_the_sweep_is_the_planners_at_every_point(tab: Any) -> None:
+    """Memory and time against the sequence length and the global batch: every
+    point's x, peak bytes, seconds and fit as `plan.predict`'s, and an impossible
+    point refused with the Python's message."""
+    bad = []
+    for case in VALID[::7]:
+        tab.evaluate(TYPE, typed(case))
+        for over in ("seq", "batch"):
+            points = tab.evaluate(SWEPT, over)
+            shown = tab.evaluate(READ, "sweep.")
+            xs = [case[over] * f for f in FACTORS]
+            xs = [int(x) for x in xs if x == int(x) and x >= 1]
+            if [int(float(x)) for x, *_ in points] != xs:
+                bad.append(f"{over} of {case}: x {points}, want {xs}")
+                continue
+            for i, (x, (_, error, fits)) in enumerate(zip(xs, points, strict=True)):
+                want = predict(dict(case, **{over: x}))
+                if "error" in want:
+                    ok = error == want["error"]
+                else:
+                    ok = (
+                        fits == str(want["fits"]).lower()
+                        and int(shown[f"sweep.{i}.memory.total"])
+                        == want["memory"]["total"]
+                        and math.isclose(
+                            float(shown[f"sweep.{i}.time.total"]),
+                            want["time"]["total"],
+                            rel_tol=1e-9,
+                        )
+                    )
+                if not ok:
+                    bad.append(f"{over}={x} of {case}: Python {want}, page {points[i]}")
+    assert not bad, f"{len(bad)} differences:\n" + "\n".join(bad[:10])
+
+
+def test_two_layouts_side_by_side_are_the_planners(tab: Any) -> None:
+    a, b = VALID[3], VALID[40]
+    tab.evaluate(TYPE, typed(b))
+    tab.click(".dc-plan-keep")
+    tab.evaluate(TYPE, typed(a))
+    shown = tab.evaluate(READ, "compare.")
+    for side, case in (("a", a), ("b", b)):
+        want = predict(case)
+        got = {k.split(".", 2)[2]: v for k, v in shown.items() if k[8] == side}
+        assert int(got["memory.total"]) == want["memory"]["total"], (side, got)
+        assert int(got["wire"]) == sum(want["wire"].values()), (side, got)
+        for key in ("time.total", "tokens_per_s", "mfu"):
+            value = want[key] if "." not in key else want["time"]["total"]
+            assert math.isclose(float(got[key]), value, rel_tol=1e-9), (side, key)
+    sideways = tab.evaluate(SIDEWAYS, [BLOCKS, None])
+    assert not sideways, f"the comparison scrolls sideways: {sideways}"
+    tab.click(".dc-plan-load")  # B back in the form
+    assert (
+        int(tab.evaluate(READ, "memory.total")["memory.total"])
+        == predict(b)["memory"]["total"]
+    )
+
+
+AXIS = """() => { const s = document.querySelector('#dc-planner .dc-plan-time svg');
+  const rects = [...s.querySelectorAll('.dc-plan-bar rect')];
+  const end = Math.max(...rects.map(
+    r => +r.getAttribute('x') + +r.getAttribute('width')));
+  const ticks = Object.fromEntries([...s.querySelectorAll('[data-tick]')]
+    .map(t => [t.dataset.tick, +t.getAttribute('x')]));
+  return {end, ticks}; }"""
+
+
+def test_the_time_bar_is_on_one_axis_for_every_input(tab: Any) -> None:
+    """The bar ends where its seconds are on a logarithmic axis whose decades
+    stay put: a step near 2 s and one near 40 s end a decade and more apart."""
+    totals = [(predict(c)["time"]["total"], c) for c in VALID]
+    short = min(totals, key=lambda t: abs(math.log(t[0] / 1.95)))
+    long = min(totals, key=lambda t: abs(math.log(t[0] / 38.5)))
+    assert long[0] / short[0] > 10, (short[0], long[0])
+    seen = []
+    for seconds, case in (short, long):
+        tab.evaluate(TYPE, typed(case))
+        got = tab.evaluate(AXIS)
+        one, ten = got["ticks"]["0"], got["ticks"]["1"]  # 1 s and 10 s
+        want = one + (ten - one) * math.log10(seconds)
+        assert abs(got["end"] - want) < 0.5, (seconds, got, want)
+        seen.append(got)
+    assert seen[0]["ticks"] == seen[1]["ticks"]
+    gap = seen[1]["end"] - seen[0]["end"]
+    assert gap > (seen[0]["ticks"]["1"] - seen[0]["ticks"]["0"]), seen
+
+
+CLEAR = """() => { const out = [];
+  for (const s of document.querySelectorAll('#dc-planner .dc-plan-chart svg')) {
+    const box = s.getBoundingClientRect();
+    const bars = [...s.querySelectorAll('.dc-plan-bar rect')]
+      .map(r => r.getBoundingClientRect()).filter(r => r.width > 0);
+    for (const t of s.querySelectorAll('text')) {
+      if (t.getAttribute('display') === 'none') continue;
+      const b = t.getBoundingClientRect();
+      if (b.left < box.left - 1 || b.right > box.right + 1)
+        out.push('cut: ' + t.textContent);
+      if (bars.some(r => b.left < r.right - 0.5 && r.left < b.right - 0.5
+          && b.top < r.bottom - 0.5 && r.top < b.bottom - 0.5))
+        out.push('on a bar: ' + t.textContent);
+    }
+  }
+  const text = document.querySelector('#dc-planner .dc-plan-outputs').innerText;
+  return [out, text]; }"""
+
+
+def test_labels_stay_clear_of_bars_and_sizes_read_in_gib(tab: Any) -> None:
+    """On every other valid input of the grid (every layout, two settings): no
+    label of a chart on a bar or cut at its edge, and no byte count written out
+    as a raw integer (seven digits and more without separators: sizes are in
+    GiB)."""
+    bad = []
+    for case in VALID[::2]:
+        tab.evaluate(TYPE, typed(case))
+        labels, text = tab.evaluate(CLEAR)
+        raw = re.findall(r"(?<![\d,.])\d{7,}", text)
+        bad += [f"{case['dp']}x{case['tp']}x{case['pp']}: {x}" for x in labels + raw]
+    assert not bad, "\n".join(bad[:20])
+
+
+def test_a_field_without_a_number_is_named_in_plain_words(tab: Any) -> None:
+    """Letters typed into a number field (the browser keeps none, or an 'e' it
+    cannot read), or a field left empty: the field is named, with what to type."""
+    for field, label, what in (
+        ("gpus", '"GPUs"', "a whole number (e.g. 64)"),
+        ("memory_mib", '"memory (MiB, as nvidia-smi)"', "a number (e.g. 81559)"),
+    ):
+        tab.click(f"#dc-plan-{field}")
+        tab.keyboard.press("Control+A")
+        tab.keyboard.type("1e")
+        shown = tab.evaluate(ERROR)
+        assert f"{label} holds something that is not a number: type {what}" in shown
+        tab.keyboard.press("Control+A")
+        tab.keyboard.type("abc")
+        shown = tab.evaluate(ERROR)
+        assert f"{label} is empty: type {what}" in shown, shown
+        assert "got ''" not in shown
+        tab.keyboard.type("8")
+        assert tab.evaluate(ERROR) is None or label not in tab.evaluate(ERROR)

@@ -1,7 +1,7 @@
 /* distcourse.plan in JavaScript, for the planner page (book/10b_planner_page.md):
    spec.js (this file) holds the inputs and the checks; dtypes.js, hardware.js,
-   memory.js, work.js, timing.js and predict.js the rest, one file per module of
-   the package.
+   memory.js, work.js, timing.js, predict.js and search.js the rest, one file per
+   module of the package.
 
    A line-by-line port of the Python package's formulas (distcourse/plan: spec.py,
    checks.py, axes.py, hardware.py, memory.py, work.py, timing.py, predict.py, and
