@@ -87,8 +87,9 @@ def test_two_ranks_compare_checkpoint_and_curve(uninterrupted: dict) -> None:
     assert all(v.endswith("PASS") for v in verdicts), lines
     every = [line for line in lines if "layouts:" in line]
     assert every == ["9 layouts: 27 of 27 checks PASS"]  # 3 grids, 6 on 2x1x1
-    mine = [v for v in verdicts if v.startswith("1x2x1 m2 1f1b:") or " step " in v]
-    assert len(mine) > 9, mine  # the run's own: 2 + 3 SGD lines, 2 + 2 AdamW
+    after = lines[lines.index(every[0]) + 1 :]  # --compare's, after --compare-all's
+    mine = [line for line in after if line.endswith("PASS")]
+    assert len(mine) == 8, mine  # the run's own: 2 + 3 SGD lines, 2 + 1 AdamW
     summary = _summary(lines)
     assert summary.startswith("1x2x1 m2 1f1b (dp x pp x tp) on 2 ranks, cpu;")
     assert "steps 1-8" in summary

@@ -60,6 +60,15 @@ def test_documents_are_the_book_then_the_installed_python(tmp_path: Path) -> Non
     assert first.suffix == ".py" and stdlib in first.parents
 
 
+def test_one_long_text_is_cut_into_documents() -> None:
+    docs = tokens.pieces("excerpt", "abcdefghij", size=4)
+    assert docs == [
+        ("excerpt/0000", "abcd"),
+        ("excerpt/0001", "efgh"),
+        ("excerpt/0002", "ij"),
+    ]
+
+
 def test_the_cache_root_follows_the_environment(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -64,7 +64,10 @@ def corpus_of(args: argparse.Namespace) -> Any:
         kind = "chars" if args.model == "tiny" else "bpe"
     if kind == "chars":
         return Corpus.excerpt() if args.excerpt else Corpus.from_book(Path(args.book))
-    docs = tokens.documents(args.corpus_mb, Path(args.book))
+    if args.excerpt:  # fixed text, for fixed outputs: its 4 KiB pieces
+        docs = tokens.pieces("excerpt", Corpus.excerpt().text)
+    else:
+        docs = tokens.documents(args.corpus_mb, Path(args.book))
     root = Path(args.cache_dir) if args.cache_dir else None
     return tokens.build(docs, args.vocab, train_mb=args.bpe_train_mb, root=root)
 
@@ -118,7 +121,9 @@ def compare(layout: TrainLayout, run: RunConfig, corpus: Any) -> list[str]:
                 f"{each.optimizer} step {i + 1}: loss {a:.4f}, one process {b:.4f}, "
                 f"difference {checks.verdict(abs(a - b), found['tol']['losses'])}"
             )
-        lines += verdicts(found)
+        mine = verdicts(found)
+        # AdamW's step-1 gradients are SGD's (no step has run): said once
+        lines += mine if each.optimizer == "sgd" else mine[1:]
     return lines
 
 

@@ -27,6 +27,7 @@ and passes `check`.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -221,6 +222,45 @@ def compositions(
             layout = replace(base, dtype=dtype, **change)
             if passes(layout, cfg, world, batch):
                 found.append(layout)
+    return found
+
+
+MODES = (dict(), dict(zero=1), dict(zero=2), dict(fsdp=True))  # data-parallel ways
+SHAPES = ("n_layer=", "n_head=", "vocab=", "a batch of", "a share of", "layout ")
+
+
+def every_combination(
+    world: int, cfg: GPTConfig, batch: int = 8
+) -> list[tuple[TrainLayout, str]]:
+    """Every dp x pp x tp grid of `world` ranks with every data-parallel way (DDP,
+    ZeRO-1, ZeRO-2, FSDP), activation checkpointing or not, float32 or bf16, and
+    with a pipeline each schedule (1F1B, GPipe, interleaved on 2 stages a rank),
+    2 micro-batches: (layout, "") where `check` accepts it, else (layout, its
+    refusal). A refusal that begins with one of SHAPES is the model's or the
+    batch's, not a pair of flags the trainer will not compose."""
+    found = []
+    for grid in layouts(world):
+        schedules = (
+            [dict()]
+            if grid.pp == 1
+            else [
+                dict(),
+                dict(schedule="gpipe"),
+                dict(schedule="interleaved", virtual=2),
+            ]
+        )
+        for mode, ckpt, dtype, pipe in itertools.product(
+            MODES, CHECKPOINTING, DTYPES, schedules
+        ):
+            m = 2 if grid.pp > 1 else 1
+            layout = TrainLayout(
+                grid.dp, grid.pp, grid.tp, m, ckpt=ckpt, dtype=dtype, **mode, **pipe
+            )
+            try:
+                check(layout, cfg, world, batch)
+                found.append((layout, ""))
+            except ValueError as err:
+                found.append((layout, str(err)))
     return found
 
 

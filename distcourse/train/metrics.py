@@ -121,11 +121,15 @@ def planned_bytes(
     return plan_memory.peak(moments)[1]["total"], ""
 
 
-def measured_step(step: Any, measure: bool, alive: int) -> tuple[float, int | None]:
+def measured_step(
+    step: Any, measure: bool, alive: int, held: list
+) -> tuple[float, int | None]:
     """Run `step()` (a training step returning its loss); with `measure`, also
     this rank's peak bytes in it: on a GPU the CUDA allocator's (everything
     alive), elsewhere `alive` (the bytes the trainer's construction left alive,
-    counted as it was built) + what the step allocates at its peak."""
+    counted as it was built) + what the step allocates at its peak beyond `held`
+    (the tensors alive before it: watched, so a view of a weight is not counted
+    again)."""
     device = runtime.device()
     if not measure:
         return step(), None
@@ -133,7 +137,7 @@ def measured_step(step: Any, measure: bool, alive: int) -> tuple[float, int | No
         torch.cuda.reset_peak_memory_stats(device)
         loss = step()
         return loss, torch.cuda.max_memory_allocated(device)
-    with PeakMemory(device) as meter:
+    with PeakMemory(device, held) as meter:
         loss = step()
     return loss, alive + meter.peak
 

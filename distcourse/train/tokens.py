@@ -92,6 +92,15 @@ def documents(
     return docs
 
 
+def pieces(name: str, text: str, size: int = 4096) -> list[tuple[str, str]]:
+    """`text` cut into documents of `size` characters, named `name/0000`, ...: a
+    corpus of one long text (chapter 13's frozen excerpt) with a held-out share."""
+    return [
+        (f"{name}/{i // size:04d}", text[i : i + size])
+        for i in range(0, len(text), size)
+    ]
+
+
 def held_out(name: str, pct: int) -> bool:
     """Whether document `name` belongs to the held-out split."""
     return zlib.crc32(name.encode()) % 100 < pct

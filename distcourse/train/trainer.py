@@ -277,9 +277,9 @@ class Trainer:
                     runtime.device()
                 )
                 began = time.perf_counter()
-                loss, peak = measured_step(
-                    self.step, measure and self._logs(self.step_no + 1), self.alive
-                )
+                measure = measure and self._logs(self.step_no + 1)
+                held = self.net.tensors() if measure else []
+                loss, peak = measured_step(self.step, measure, self.alive, held)
                 busy += time.perf_counter() - began
                 since += 1
                 if profiler is not None:

@@ -1,17 +1,21 @@
 """Negative controls for chapter 13's verdicts: the same checks, on planted faults.
 
-One spawn of 4 ranks (the chapter's count and layout, 1x2x2 m2) reruns, each with
-a fault planted in the code it checks:
+The chapter's own cells run on the harness (tests/controls/harness.py: one spawn of
+its 4 ranks; the lines as written are the stored notebook's, which nbval holds),
+each with a fault planted in the code it checks:
 
-- `cli.compare` (against one process) with TP's f missing its backward all-reduce
-  (`edges.f` the identity: Megatron's f, forgotten);
-- the run's loss drop with a warm-up schedule stuck at 0 (the rate never rises);
-- a resume that leaves AdamW's moments out (`state.set_moments` a no-op), on the
-  same layout and on another (4x1x1 here, the chapter's 2 ranks' 2x1x1 cut);
-- the planner beside the measured step, with the planner wrong three ways.
+- the trainer refusing a pair of flags it composes (FSDP with a pipeline, as it
+  once did), and the sampler giving every data-parallel rank the first rows;
+- `cli.compare` with TP's f missing its backward all-reduce (`edges.f` the
+  identity: Megatron's f, forgotten), with the gradients averaged over dp in bf16
+  where float32 is asked, and summed over dp, not averaged;
+- the run with its schedule stuck at 0 (it never steps: it learns nothing);
+- the run with TP silently off (every rank keeps whole matrices): its memory.
 
-The kill drill's verdict runs the script under torchrun with the kill disarmed
-(`fault.kill_in_forward` a no-op, planted in a copy of the script).
+The kill drill's verdicts run the script under torchrun with the kill disarmed
+(`fault.kill_in_forward` a no-op, planted in a copy of the script), and the resumes
+(killed and resumed, and on another layout) in process, shorter, with AdamW's
+moments left out of the checkpoint's load.
 """
 
 from __future__ import annotations
@@ -20,162 +24,217 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+import harness
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import planted
+from harness import Fault, Plant
 
-from distcourse import checks, plan
+from distcourse import checks
 from distcourse.launch import spawn
 from distcourse.launch.script import run_torchrun
+from distcourse.parallel.hybrid import HybridGPT, runner
 from distcourse.parallel.tensor import edges
-from distcourse.plan import memory as plan_memory
-from distcourse.plan import prediction as plan_prediction
-from distcourse.train import Corpus, RunConfig, Trainer, TrainLayout, cli
-from distcourse.train import state as train_state
+from distcourse.train import Corpus, RunConfig, Sampler, Trainer, TrainLayout
+from distcourse.train import checkpoint as train_checkpoint
+from distcourse.train import layout as train_layout
 from distcourse.train import trainer as train_trainer
 
-LAYOUT = TrainLayout(dp=1, pp=2, tp=2, micro_batches=2)  # the chapter's
-ROOT = Path(__file__).resolve().parents[2]
+CHAPTER = harness.Chapter("13_trainer", stored=True, timeout=120)
+COMPOSE = "every_combination(8, cfg, run.batch)"
+SAMPLER = "4 data-parallel ranks read one process's batch"
+COMPARE = ["for line in cli.compare(LAYOUT, replace(run, steps=3), corpus):"]
+BF16 = [*COMPARE, 'sgd = replace(run, steps=2, optimizer="sgd", lr=0.5)']
+RUN = [*COMPARE, "LOSSES = trainer.fit()"]
+MEMORY = [*RUN, "every rank's measured peak within 15 % of the plan"]
 
 
-def _resumed(run: RunConfig, corpus: Corpus, other: TrainLayout, work: str) -> list:
-    """Losses of steps 1..8: saved after 4 on LAYOUT, resumed on `other` with
-    AdamW's moments left out (the chapter's 8 and 24: the same check, shorter)."""
-    first = Trainer(LAYOUT, replace(run, ckpt_dir=work), corpus)
-    first.fit(until=4)
-    first.save()
-    first.close()
-    with planted(train_state, "set_moments", lambda *a: None):
-        second = Trainer(other, replace(run, ckpt_dir=work), corpus)
-    losses = second.fit(until=8)
-    second.close()
-    return losses
+def refusing_fsdp_with_a_pipeline(real: Callable) -> Callable:
+    def refuse(layout: train_layout.TrainLayout) -> None:
+        real(layout)
+        if layout.data_mode == "fsdp" and layout.pp > 1:
+            raise ValueError(f"--fsdp with --pp {layout.pp}: not composed")
+
+    return refuse
 
 
-def _faults(work: str) -> dict[str, Any]:
-    """Each fault's lines or numbers, as the chapter computes them, on this rank."""
+def bf16_average(self: HybridGPT) -> None:
+    """The dp all-reduce in bf16: each gradient / dp cast down, summed, cast up."""
+    for p in self.module.parameters():
+        g = (p.grad / self.layout.dp).to(torch.bfloat16)
+        dist.all_reduce(g, group=self.mesh.group("dp"))
+        p.grad.copy_(g.float())
+
+
+def summed(real: Callable) -> Callable:
+    def average_gradients(self: HybridGPT) -> None:
+        real(self)
+        for p in self.module.parameters():
+            p.grad.mul_(self.layout.dp)
+
+    return average_gradients
+
+
+FAULTS = {
+    "refused": Fault(
+        [COMPOSE],
+        Plant(train_layout, "refuse_pairs", refusing_fsdp_with_a_pipeline, wrap=True),
+    ),
+    "first rows": Fault(
+        [COMPOSE, SAMPLER],
+        Plant(Sampler, "rows", property(lambda self: slice(0, self.batch // self.dp))),
+    ),
+    "tp f": Fault(BF16, Plant(edges, "f", lambda x, group: x)),
+    "bf16 reduce": Fault(BF16, Plant(HybridGPT, "average_gradients", bf16_average)),
+    "summed": Fault(BF16, Plant(HybridGPT, "average_gradients", summed, wrap=True)),
+    "stuck": Fault(RUN, Plant(train_trainer, "lr_factor", lambda run: lambda s: 0.0)),
+    "tp off": Fault(
+        MEMORY,
+        Plant(runner, "parallelize_stage", lambda stage, group, check=True: stage),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def ran() -> harness.Ran:
+    return CHAPTER.run(FAULTS)
+
+
+@pytest.mark.controls(
+    "13_trainer",
+    r"every refusal is the model's shape, not a pair of flags",
+    fault="the trainer refuses FSDP with a pipeline, as it once did",
+)
+def test_a_refused_composition_is_seen(flips: Callable) -> None:
+    flips("refused")
+
+
+@pytest.mark.controls(
+    "13_trainer",
+    r"4 data-parallel ranks read one process's batch, row for row",
+    fault="the sampler gives every data-parallel rank the batch's first rows",
+)
+def test_ranks_that_read_the_same_rows_are_seen(flips: Callable) -> None:
+    flips("first rows")
+
+
+@pytest.mark.controls(
+    "13_trainer",
+    r"1x2x2 m2 1f1b( bf16)?: (gradients of step 1|losses of \d (sgd|adamw) steps"
+    r"|parameters after \d sgd steps) vs one process",
+    fault="TP's f without its backward all-reduce (edges.f the identity)",
+)
+def test_compare_with_tp_missing_its_backward_all_reduce_fails(flips: Callable) -> None:
+    flips("tp f")
+
+
+@pytest.mark.controls(
+    "13_trainer",
+    r"4x1x1 bf16: gradients of step 1 vs one process",
+    fault="the gradients averaged over dp in bf16 where float32 is asked",
+)
+def test_a_bf16_reduce_fails_the_bf16_check(flips: Callable) -> None:
+    flips("bf16 reduce")
+
+
+@pytest.mark.controls(
+    "13_trainer",
+    r"4x1x1 bf16: (losses of 2 sgd steps|parameters after 2 sgd steps) vs one",
+    fault="the gradients summed over dp, not averaged (x 4)",
+)
+def test_gradients_summed_over_dp_fail_the_bf16_losses(flips: Callable) -> None:
+    flips("summed")
+
+
+@pytest.mark.controls(
+    "13_trainer",
+    r"held-out loss at step 64 below what frequencies alone reach",
+    fault="the schedule stuck at 0: the rate never rises, nothing is learned",
+)
+def test_a_run_that_never_steps_learns_nothing(flips: Callable) -> None:
+    flips("stuck")
+
+
+@pytest.mark.controls(
+    "13_trainer",
+    r"every rank's measured peak within 15 % of the plan",
+    fault="TP silently off: every rank keeps whole matrices (no parallelize_stage)",
+)
+def test_a_run_that_does_not_split_holds_more_than_its_plan(flips: Callable) -> None:
+    flips("tp off")
+
+
+# ----------------------------------------------------------- the kill drill --
+
+CORPUS = Corpus.excerpt()
+SHORT = RunConfig(steps=8, batch=16, seq=32, lr=3e-2, warmup=4, min_lr=1.0, quiet=True)
+LAYOUT = TrainLayout(dp=1, pp=2, tp=2, micro_batches=2)
+
+
+def without_moments(real: Callable) -> Callable:
+    """checkpoint.load that leaves AdamW's moments out (they restart at zero)."""
+
+    def load(path: object, net: HybridGPT) -> object:
+        snap = real(path, net)
+        net.optimizer.state.clear()
+        return snap
+
+    return load
+
+
+def _resumed(work: str) -> dict[str, float]:
+    """The chapter's two resume checks, shorter: saved after 4 steps on 1x2x2,
+    resumed with AdamW's moments left out on the same layout and on 4x1x1, each
+    against the uninterrupted run's losses of steps 5-8."""
     torch.set_num_threads(1)
-    corpus, run = Corpus.excerpt(), RunConfig(steps=8, ckpt_every=0)
-    found: dict[str, Any] = {}
-    with planted(edges, "f", lambda x, group: x):
-        lines = cli.compare(LAYOUT, replace(run, steps=3), corpus)
-    found["compare"] = [line for line in lines if "vs one process" in line]
-    with planted(train_trainer, "warmup_factor", lambda warmup: lambda s: 0.0):
-        stuck = Trainer(LAYOUT, run, corpus)
-        losses = stuck.fit(until=32)  # the chapter's 32 steps
-        stuck.close()
-    found["drop"] = losses[0] - losses[-1] > 1
-    trainer = Trainer(LAYOUT, run, corpus)
-    uninterrupted = trainer.fit(until=8)
-    x, y = corpus.batch(8, run.batch, run.seq)
-    trainer.net.step(x, y, ledger=True)
-    found["sent"], found["held"] = trainer.net.bytes, trainer.net.held()
-    found["tensors"] = len(list(trainer.net.module.parameters()))
-    trainer.close()
+    whole = Trainer(LAYOUT, SHORT, CORPUS)
+    straight = whole.fit()
+    whole.close()
+    found = {}
     for name, other in (("same", LAYOUT), ("other", TrainLayout(dp=4))):
         folder = [f"{work}/{name}" if dist.get_rank() == 0 else None]
         dist.broadcast_object_list(folder)
-        resumed = _resumed(run, corpus, other, folder[0])
-        found[name] = max(
-            abs(a - b) for a, b in zip(resumed[4:], uninterrupted[4:], strict=True)
-        )
+        run = replace(SHORT, ckpt_dir=folder[0])
+        first = Trainer(LAYOUT, run, CORPUS)
+        first.fit(until=4)
+        first.save()
+        first.close()
+        real = train_checkpoint.load
+        train_checkpoint.load = without_moments(real)
+        try:
+            second = Trainer(other, run, CORPUS)
+        finally:
+            train_checkpoint.load = real
+        losses = second.fit()
+        second.close()
+        pairs = zip(losses[4:], straight[4:], strict=True)
+        found[name] = max(abs(a - b) for a, b in pairs)
     return found
 
 
 @pytest.fixture(scope="module")
-def found(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Rank 0's results for every fault (one spawn for the whole file)."""
-    work = str(tmp_path_factory.mktemp("ch13"))
-    return spawn(_faults, 4, work, timeout=180)[0]
+def resumed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, float]:
+    work = str(tmp_path_factory.mktemp("ch13-resume"))
+    return spawn(_resumed, 4, work, timeout=120)[0]
 
 
 @pytest.mark.controls(
     "13_trainer",
-    r"1x2x2 m2 1f1b: (gradients of step 1|losses of 3 (sgd|adamw) steps) vs one",
-    fault="TP's f without its backward all-reduce (edges.f the identity)",
+    r"losses of steps 1-12, killed and resumed vs uninterrupted",
+    fault="the resume leaves AdamW's moments out (checkpoint.load drops them)",
 )
-def test_compare_with_tp_missing_its_backward_all_reduce_fails(found: dict) -> None:
-    assert len(found["compare"]) == 4
-    assert all(line.endswith("FAIL") for line in found["compare"]), found["compare"]
+def test_a_resume_without_adams_moments_fails(resumed: dict) -> None:
+    assert checks.verdict(resumed["same"], 1e-6).endswith("FAIL"), resumed
 
 
 @pytest.mark.controls(
     "13_trainer",
-    r"loss of step 32 below step 1's by more than 1 nat",
-    fault="the warm-up schedule stuck at 0: the rate never rises",
-)
-def test_a_run_that_never_steps_does_not_learn(found: dict) -> None:
-    assert found["drop"] is False
-
-
-@pytest.mark.controls(
-    "13_trainer",
-    r"losses of steps 1-24, killed and resumed vs uninterrupted",
-    fault="the resume leaves AdamW's moments out (state.set_moments a no-op)",
-)
-def test_a_resume_without_adams_moments_fails(found: dict) -> None:
-    assert checks.verdict(found["same"], 1e-6).endswith("FAIL"), found["same"]
-
-
-@pytest.mark.controls(
-    "13_trainer",
-    r"losses of steps 25-32 on 2 ranks vs 4",
+    r"losses of steps 13-16 on 2 ranks vs 4",
     fault="the resume on another layout leaves AdamW's moments out",
 )
-def test_a_resume_on_another_layout_without_moments_fails(found: dict) -> None:
-    assert checks.verdict(found["other"], 1e-5).endswith("FAIL"), found["other"]
-
-
-def _predicted() -> plan.Prediction:
-    corpus, run = Corpus.excerpt(), RunConfig()
-    spec = plan.PlanLayout(dp=1, pp=2, tp=2, micro_batches=2)
-    fp32 = plan.DTypePolicy("fp32", "fp32", "adamw")
-    model = plan.ModelSpec.from_config(run.model(corpus))
-    return plan.predict(model, run.batch, fp32, spec, plan.named("h100"))
-
-
-def _ignoring_tp(real: Callable) -> Callable:
-    return lambda model, layout, stage: real(model, replace(layout, tp=1), stage)
-
-
-def _one_direction(real: Callable) -> Callable:
-    def step_time(*args: Any) -> tuple:
-        seconds, wire, flops = real(*args)
-        return seconds, {**wire, "pp": wire["pp"] // 2}, flops
-
-    return step_time
-
-
-@pytest.mark.controls(
-    "13_trainer",
-    r"parameters, gradients, activations == the plan's",
-    fault="the planner's stage_params ignores TP: every rank holds whole matrices",
-)
-@pytest.mark.controls(
-    "13_trainer",
-    r"optimizer: the plan also counts AdamW's step counters",
-    fault="the planner's stage_tensors forgets the embeddings' and head's tensors",
-)
-@pytest.mark.controls(
-    "13_trainer",
-    r"wire bytes of every axis == the plan's",
-    fault="the plan's pp bytes count one direction only (the gradients' sends)",
-)
-def test_a_wrong_planner_disagrees_with_the_run(found: dict) -> None:
-    held, sent = found["held"], found["sent"]
-    assert _predicted().memory["parameters"] == held["params"]  # rank 0, fullest
-    blocks = lambda model, layout, stage: 16 * (model.layers // layout.pp)  # noqa: E731
-    with planted(plan_memory, "stage_params", _ignoring_tp(plan_memory.stage_params)):
-        assert _predicted().memory["parameters"] != held["params"]
-    with planted(plan_memory, "stage_tensors", blocks):
-        counters = _predicted().memory["optimizer"] - held["optimizer"]
-        assert counters != 4 * found["tensors"], counters
-    real = plan_prediction.step_time
-    with planted(plan_prediction, "step_time", _one_direction(real)):
-        assert _predicted().wire["pp"] != sent["pp"]
+def test_a_resume_on_another_layout_without_moments_fails(resumed: dict) -> None:
+    assert checks.verdict(resumed["other"], 1e-5).endswith("FAIL"), resumed
 
 
 @pytest.mark.controls(

@@ -207,9 +207,8 @@ class HybridGPT(Views):
             self.meter = ActivationMeter(mine) if meter else None
         self.run, self.running, self.twins = run[self.stage], run, twins
         params = list(self.module.parameters())
-        groups = (
-            assign_buckets(params, int(BUCKET_MB * 2**20)) if data_mode == "ddp" else []
-        )
+        averaged = data_mode == "ddp" and dp > 1  # one replica reduces nothing
+        groups = assign_buckets(params, int(BUCKET_MB * 2**20)) if averaged else []
         self.buckets = [
             Bucket(i, [params[j] for j in indices], len(groups))
             for i, indices in enumerate(groups)

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from distcourse.parallel import fsdp
 from distcourse.parallel.hybrid import data
 from distcourse.parallel.hybrid.stages import one_process_state
 from distcourse.parallel.pipeline.shapes import stage_shapes
@@ -107,6 +108,20 @@ class Views:
             optimizer=nbytes(state),
             activations=self.meter.peak if self.meter is not None else 0,
         )
+
+    def tensors(self) -> list[Tensor]:
+        """Every tensor this rank's model state holds now: parameters (FSDP's
+        pieces and its units' gathered buffers), gradients, optimizer state,
+        ZeRO's flat buffers and DDP's buckets (what a memory count watches from
+        the start of a step, `allocations.PeakMemory(held=...)`)."""
+        params = [*self.module.parameters(), *self.stepped]
+        out = [*params, *(p.grad for p in params if p.grad is not None)]
+        out += [v for s in self.optimizer.state.values() for v in s.values()]
+        if self.flat is not None:
+            out += [self.flat.flat, *self.flat.gradient_buffers()]
+        out += [b.buffer for b in self.buckets]
+        out += [u.buffer for u in fsdp.units(self.module)]
+        return [t for t in out if torch.is_tensor(t)]
 
     def evaluate(self, x: Tensor, y: Tensor) -> float:
         """The mean loss of the whole batch (x, y: this rank's share, on the
