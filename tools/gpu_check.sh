@@ -28,6 +28,11 @@
 #             the step's time, beside the planner's prediction; appends the rows to
 #             tests/data/gpu_measurements.json (commit it: tests/test_plan_phases.py
 #             holds the planner to every row)
+#   trainer   book/scripts/train_gpt.py --model gpt2-124m --dtype bf16 (batch 8 x 1024,
+#             30 steps) without torchrun on GPU 0: tokens/s, MFU and the measured peak
+#             beside the planner's from its metrics (under $OUT/trainer.jsonl)
+#   bench-trainer  python -m distcourse.bench trainer --dtype bfloat16: the trainer's
+#             step against nanoGPT's plain loop on the same model, batch and GPU
 #   unit      (GPU_CHECK_UNIT=1 only) the CPU unit tests on this torch, 8 at a time
 # (Without a GPU, `make test-gpu` runs both on an emulated GPU box instead.)
 set -uo pipefail
@@ -79,6 +84,28 @@ step traces env DISTCOURSE_GPU_SUITE_DEVICE=cuda DISTCOURSE_TRACE_DIR="$TRACES/g
     "$PYTHON" -m pytest tests/gpu -q -rs -p no:cacheprovider -k world1
 step programs "$PYTHON" tools/record_traces.py "$TRACES" --device cuda
 step measure "$PYTHON" -m distcourse.plan.phases --append tests/data/gpu_measurements.json
+# Chapter 13's trainer on GPU 0 without torchrun: GPT-2 124M's shape in bf16, batch 8 x
+# 1024 (the BPE of the book and this machine's Python where tokenizers is installed,
+# the book's characters otherwise); its last metrics record, then the trainer against
+# nanoGPT's plain loop (python -m distcourse.bench trainer: step-time ratio, MFU).
+CORPUS=$("$PYTHON" -c 'import tokenizers' 2>/dev/null && echo bpe || echo chars)
+step trainer "$PYTHON" book/scripts/train_gpt.py --model gpt2-124m --batch 8 \
+    --seq 1024 --dtype bf16 --steps 30 --warmup 5 --corpus "$CORPUS" --quiet \
+    --metrics "$OUT/trainer.jsonl"
+"$PYTHON" - "$OUT/trainer.jsonl" <<'PY'
+import json, sys
+try:
+    row = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+except (OSError, IndexError):
+    sys.exit("trainer: no metrics record")
+peak = max(b for b in row["peak_bytes"] if b is not None)
+plan = max((b for b in row["planned_bytes"] or [] if b is not None), default=None)
+mfu = "-" if row["mfu"] is None else f"{row['mfu']:.3f}"
+versus = f", planned {plan / 2**30:.2f} GiB ({peak / plan:.2f} x)" if plan else ""
+print(f"trainer step {row['step']}: {row['tokens_per_s']:,.0f} tokens/s, MFU {mfu}, "
+      f"{row['step_ms']:.1f} ms a step; peak {peak / 2**30:.2f} GiB{versus}")
+PY
+step bench-trainer "$PYTHON" -m distcourse.bench trainer --dtype bfloat16
 # The CPU unit tests on the box's own torch, 8 at a time (pytest-xdist), capped at 5
 # minutes. Left out: the browser test, the GPU suite (above), and what checks that the
 # environment is the locked one (envcheck, import-linter's command): a GPU image is not.

@@ -45,7 +45,7 @@ import torch.distributed as dist
 from distcourse import accelerator, checks, plan, runtime
 from distcourse.examples.gpt import GPTConfig
 from distcourse.rendezvous import LOOPBACK
-from distcourse.train import fault, tokens
+from distcourse.train import fault
 from distcourse.train.compare import against_each, against_one_process, verdicts
 from distcourse.train.corpus import Corpus
 from distcourse.train.flags import LAYOUT_FLAGS, parser, settings, torchrun_world
@@ -64,6 +64,8 @@ def corpus_of(args: argparse.Namespace) -> Any:
         kind = "chars" if args.model == "tiny" else "bpe"
     if kind == "chars":
         return Corpus.excerpt() if args.excerpt else Corpus.from_book(Path(args.book))
+    from distcourse.train import tokens  # Hugging Face tokenizers, for this only
+
     if args.excerpt:  # fixed text, for fixed outputs: its 4 KiB pieces
         docs = tokens.pieces("excerpt", Corpus.excerpt().text)
     else:
