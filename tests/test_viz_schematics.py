@@ -1,5 +1,5 @@
-"""distcourse.viz.schematics: the ring, pipeline schedules on a perfect machine,
-the map of strategies."""
+"""distcourse.viz.schematics: the ranks and their kernel, the ring, pipeline
+schedules on a perfect machine, the map of strategies."""
 
 from __future__ import annotations
 
@@ -12,6 +12,23 @@ import pytest  # noqa: E402
 from distcourse import viz  # noqa: E402
 from distcourse.parallel.pipeline import schedules  # noqa: E402
 from distcourse.viz import schematics  # noqa: E402
+
+
+def test_the_cluster_joins_the_kernel_to_every_rank_and_the_ranks_below() -> None:
+    fig = viz.cluster(3, ["GPU 0", "GPU 1", "GPU 2"])
+    (ax,) = fig.axes
+    texts = [t.get_text() for t in ax.texts]
+    assert [t for t in texts if t.startswith("rank")] == [
+        f"rank {r}\nGPU {r}" for r in range(3)
+    ]
+    assert any(t.startswith("this notebook (the kernel)") for t in texts)
+    assert any(t.startswith("process group") for t in texts)
+    circles = [p for p in ax.patches if type(p).__name__ == "Circle"]
+    arrows = [p for p in ax.patches if type(p).__name__ == "FancyArrowPatch"]
+    assert len(circles) == len(arrows) == 3
+    assert len(ax.lines) == 3  # each rank down to the process group
+    with pytest.raises(ValueError, match="positive number of ranks"):
+        viz.cluster(0)
 
 
 def test_the_ring_has_a_circle_and_an_arrow_per_rank() -> None:

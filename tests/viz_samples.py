@@ -113,6 +113,7 @@ SAMPLES: dict[str, Callable[[], Figure]] = {
         "one tensor, two signatures",
     ),
     "ring_blocks": lambda: viz.ring_blocks(4),
+    "cluster": lambda: viz.cluster(4, ["GPU 0", "GPU 1", "GPU 2", "GPU 3"]),
     "ring": lambda: viz.ring(4, ["x 0", "x 1", "x 2", "x 3"], "to the right"),
     "schedule": lambda: viz.schedule(
         schedules.gpipe(4, 8),

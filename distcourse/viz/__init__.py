@@ -2,9 +2,9 @@
 live), `timing` (costs, timelines, Gantt charts), `duality` (what a conversion
 sends forward and backward), `mesh` (ranks on a device mesh, their groups per axis,
 bytes per axis, costs per layout), `schematics` (the pictures of a chapter's idea:
-the ring, pipeline schedules on a perfect machine, the map of strategies),
-`sharding` (who holds which model state under
-ZeRO's stages; memory held against bytes sent), `experts` (tokens dispatched
+the ranks and their kernel, the ring, pipeline schedules on a perfect machine,
+the map of strategies), `sharding` (who holds which model state under ZeRO's
+stages; memory held against bytes sent), `experts` (tokens dispatched
 between ranks; the load per expert against its capacity), `context` (ring
 attention: the ring, the sequence split, the causal blocks per rank), `memory`
 (loss curves side by side; a rank's memory stacked by kind), `recorded` (each rank's
@@ -20,7 +20,7 @@ from distcourse.viz.memory import loss_curves, memory_stacks, memory_timeline
 from distcourse.viz.mesh import axis_bytes, layout_costs, mesh_groups
 from distcourse.viz.numbered import Numbered, figure
 from distcourse.viz.recorded import calls
-from distcourse.viz.schematics import ring, schedule, strategies
+from distcourse.viz.schematics import cluster, ring, schedule, strategies
 from distcourse.viz.sharding import (
     bytes_against_ranks,
     memory_for_communication,
@@ -32,6 +32,7 @@ from distcourse.viz.timing import cost_plot, gantt, hidden_sweep, timeline
 __all__ = [
     "axis_bytes",
     "calls",
+    "cluster",
     "conversion_bytes",
     "cost_plot",
     "dispatch_matrix",

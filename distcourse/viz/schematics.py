@@ -1,8 +1,9 @@
 """The pictures that open a chapter's "The idea": drawn from the package's own
 definitions, not measured, so they show the design a chapter then measures.
 
-`ring` (ranks on a circle, each passing to its right: chapter 2's ring all_reduce,
-chapter 12b's K/V), `schedule` (pipeline schedules as timelines, from
+`cluster` (chapter 1: the notebook's kernel, the ranks it drives, their process
+group), `ring` (ranks on a circle, each passing to its right: chapter 2's ring
+all_reduce, chapter 12b's K/V), `schedule` (pipeline schedules as timelines, from
 `parallel.pipeline.schedules.simulate`: equal forward and backward times on a
 perfect machine), and `strategies` (the book's map: what each strategy splits
 across the ranks). Chapter 8's mesh is `viz.mesh_groups`, chapter 9's "who holds
@@ -72,6 +73,59 @@ def draw_ring(
     ax.set_ylim(-1.4, 1.4)
     ax.set_aspect("equal")
     ax.axis("off")
+
+
+@styled
+def cluster(
+    n: int = 4, devices: Sequence[str] | None = None, title: str = ""
+) -> Figure:
+    """How this book runs `n` ranks: the notebook's kernel on top (it serves the
+    rendezvous and sends each `%%ranks` cell to every rank), the ranks in a row
+    (each a process of its own; `devices[r]` a second line in rank r's circle),
+    and the process group below, which joins them for collectives."""
+    if n < 1:
+        raise ValueError(f"cluster: n must be a positive number of ranks, got {n}")
+    gap = 1.3  # between the ranks' centres
+    fig, ax = plt.subplots(figsize=(max(1.05 * gap * (n - 1) + 1.3, 4.6), 3.0))
+    mid = (n - 1) / 2
+    ax.text(
+        mid * gap,
+        1.5,
+        "this notebook (the kernel)\nserves the rendezvous, runs %%ranks cells",
+        ha="center",
+        va="center",
+        fontsize=SMALL + 1,
+        bbox=dict(boxstyle="round,pad=0.4", fc="0.93", ec="0.4"),
+    )
+    for r in range(n):
+        x = r * gap
+        ax.add_patch(plt.Circle((x, 0.25), 0.3, color=COLORS[r % 10], alpha=0.75))
+        second = f"\n{devices[r]}" if devices else ""
+        ax.text(x, 0.25, f"rank {r}{second}", ha="center", va="center", fontsize=SMALL)
+        ax.add_patch(
+            FancyArrowPatch(
+                (mid * gap + (x - mid * gap) * 0.35, 1.22),
+                (x, 0.58),
+                arrowstyle="-|>",
+                mutation_scale=12,
+                color="0.4",
+            )
+        )
+        ax.plot([x, x], [-0.06, -0.42], color="0.4", lw=1.5)
+    ax.add_patch(Rectangle((-0.35, -0.62), (n - 1) * gap + 0.7, 0.2, color="0.75"))
+    ax.text(
+        mid * gap,
+        -0.85,
+        "process group (gloo or NCCL): collectives between the ranks",
+        ha="center",
+        va="center",
+        fontsize=SMALL + 0.5,
+    )
+    ax.set_xlim(-0.6, (n - 1) * gap + 0.6)
+    ax.set_ylim(-1.05, 1.85)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    return finish(fig, ax, title)
 
 
 @styled
