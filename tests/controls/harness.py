@@ -52,12 +52,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
-from verdict_controls import RANK_TAG
 
 from distcourse import launch
-from distcourse.launch import bookrun, cluster, spawn
+from distcourse.launch import cluster, spawn
 from distcourse.launch.columns import RankOutput, split_lines
 from distcourse.launch.script import swapped
 
@@ -219,6 +217,8 @@ def by_printer(lines: list[str], world: int) -> dict[str, list[str]]:
     """Each printer's lines, in order: a rank's ("[rank 1] ...", and every "[all
     ranks] ..." line, which each of the `world` ranks printed), or this process's
     (no tag)."""
+    from verdict_controls import RANK_TAG  # in this process only (see Chapter)
+
     out: dict[str, list[str]] = {}
     for line in lines:
         tag = RANK_TAG.match(line)
@@ -284,7 +284,15 @@ class Chapter:
     timeout: float = 60.0
     stored: bool = False
 
-    def __post_init__(self) -> None:
+    def read(self) -> None:
+        """The notebook's code cells and what each printed; read when the chapter
+        first runs, not when a control module is imported (as its ranks do)."""
+        if hasattr(self, "sources"):
+            return
+        import nbformat  # seconds to import: in this process only
+
+        from distcourse.launch import bookrun
+
         nb = nbformat.read(BOOK / f"{self.stem}.ipynb", as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
         self.sources = [c.source for c in code]
@@ -294,6 +302,7 @@ class Chapter:
 
     def cell(self, text: str) -> str:
         """The one code cell whose source contains `text`."""
+        self.read()
         hits = [s for s in self.sources if text in s]
         if len(hits) != 1:
             raise ValueError(f"{self.stem}: {len(hits)} code cells contain {text!r}")
@@ -301,11 +310,15 @@ class Chapter:
 
     def run(self, faults: dict[str, Fault]) -> Ran:
         """Every distinct list of cells as written, and each fault: one spawn."""
+        self.read()
         runs: dict[str, tuple[list[str], tuple]] = {}
         ran = Ran(world=self.ranks or 0)
         baselines: dict[tuple[str, ...], str] = {}
         for name, fault in faults.items():
-            cells = [self.cell(t) for t in (*self.setup, *fault.cells)]
+            cells = [self.cell(t) for t in fault.cells]
+            on_ranks = any(MAGIC.match(c) for c in cells)  # else no rank setup
+            setup = [self.cell(t) for t in self.setup]
+            cells = [c for c in setup if on_ranks or not MAGIC.match(c)] + cells
             key = tuple(fault.cells)
             if key not in baselines:
                 baselines[key] = f"{WRITTEN} {len(baselines)}"
@@ -370,7 +383,7 @@ def _planted_call(plants: tuple, fn: Callable, *args: Any, **kwargs: Any) -> Any
         return fn(*args, **kwargs)
 
 
-def printed(cell: nbformat.NotebookNode) -> list[str]:
+def printed(cell: Any) -> list[str]:
     """The lines a stored code cell printed or displayed as text."""
     lines = []
     for out in cell.get("outputs", []):

@@ -1,75 +1,77 @@
-"""Negative controls for chapter 8's verdicts: `hybrid.against_one_process`, the
-check the chapter runs, on runners with a planted fault, prints FAIL / False.
+"""Negative controls of chapter 8: its own cells (three layouts against one process,
+their bytes against the formula), run with a fault planted in the hybrid runner,
+must turn each verdict they print from PASS to FAIL.
 
-The faults are HybridGPT subclasses that change one step (`average_gradients`,
-`one_process_state`). The first is the bug the check was blind to under AdamW:
-gradients summed over the dp replicas instead of averaged, a x2 on 2 replicas.
-One spawn of 4 ranks (dp 2 x tp 2) runs every fault.
+The faults are in `HybridGPT`'s own steps: gradients summed over the dp replicas
+instead of averaged (a x2 on 2 replicas: the bug the check was blind to under AdamW,
+shown below), no dp all-reduce at all, a gathered state that leaves a parameter out.
+The chapter's kernel cells start their own ranks with `spawn`; the harness plants
+the fault in those too. Its 8 ranks run the %%ranks cell (tests/controls/harness.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import harness
 import pytest
-import torch
+from harness import Fault, Plant
 from torch import Tensor
 
-from distcourse.examples.gpt import GPTConfig
-from distcourse.launch import spawn
 from distcourse.parallel import hybrid
 
-CFG = GPTConfig()  # the chapter's model
-LAYOUT = hybrid.Layout(dp=2, tp=2)
+CHAPTER = harness.Chapter(
+    "08_hybrid",
+    setup=["mesh = hybrid.make_mesh(hybrid.Layout(dp=2, pp=2, tp=2), CFG)"],
+    here="from distcourse import viz\nfrom distcourse.parallel import hybrid",
+    stored=True,  # its cells take long: as written is what the notebook stored
+)
+CELLS = [  # the cells, by a text of each: the three layouts, then their bytes
+    "def lines(found: dict)",
+    "DP_TP = hybrid.Layout(dp=2, tp=2)",
+    "dp_pp = spawn(",
+    "found = hybrid.against_one_process(hybrid.Layout(2, 2, 2)",
+    'everywhere = [ranks.pull("found", r)',
+]
 
 
-class SummedOverDp(hybrid.HybridGPT):
+def summed_over_dp(average: Callable) -> Callable:
     """Gradients summed over the dp group, not averaged: every gradient x dp."""
 
-    def average_gradients(self) -> None:
-        super().average_gradients()
+    def faulty(self: hybrid.HybridGPT) -> None:
+        average(self)
         for p in self.module.parameters():
             p.grad.mul_(self.layout.dp)
 
+    return faulty
 
-class NeverAveraged(hybrid.HybridGPT):
+
+def never_averaged(self: hybrid.HybridGPT) -> None:
     """No dp all-reduce: each replica trains on its own share only."""
 
-    def average_gradients(self) -> None:
-        pass
 
+def drops_a_key(state_of: Callable) -> Callable:
+    """A gathered state that leaves ln_f.weight out on every rank."""
 
-class DropsAKey(hybrid.HybridGPT):
-    """A parameter the gathered state leaves out on every rank."""
-
-    def one_process_state(self) -> dict[str, Tensor]:
-        state = super().one_process_state()
+    def faulty(self: hybrid.HybridGPT) -> dict[str, Tensor]:
+        state = state_of(self)
         return {k: v for k, v in state.items() if not k.endswith("ln_f.weight")}
 
+    return faulty
 
-def _faults() -> dict[str, list[str]]:
-    """Each fault's lines, as the chapter prints them, on this rank."""
-    torch.set_num_threads(1)
-    runs = {
-        "summed, sgd": (SummedOverDp, "sgd"),
-        "summed, adamw": (SummedOverDp, "adamw"),
-        "never averaged, adamw": (NeverAveraged, "adamw"),
-        "drops a key": (DropsAKey, "sgd"),
-    }
-    found = {}
-    for name, (runner, opt) in runs.items():
-        got = hybrid.against_one_process(LAYOUT, CFG, optimizer=opt, runner=runner)
-        found[name] = [*hybrid.verdicts(got), hybrid.bytes_line(got)]
-    return found
+
+RUNNER = hybrid.HybridGPT
+FIRST = CELLS[:2]  # 2 x 1 x 2 alone, with SGD and AdamW
+FAULTS = {
+    "summed": Fault(FIRST, Plant(RUNNER, "average_gradients", summed_over_dp, True)),
+    "never averaged": Fault(CELLS, Plant(RUNNER, "average_gradients", never_averaged)),
+    "drops a key": Fault(FIRST, Plant(RUNNER, "one_process_state", drops_a_key, True)),
+}
 
 
 @pytest.fixture(scope="module")
-def lines() -> dict[str, list[str]]:
-    """Rank 0's lines for every fault (one spawn for the whole file)."""
-    return spawn(_faults, 4, timeout=120)[0]
-
-
-def _line(lines: list[str], start: str) -> str:
-    (hit,) = [ln for ln in lines if ln.startswith(start)]
-    return hit
+def ran() -> harness.Ran:
+    return CHAPTER.run(FAULTS)
 
 
 @pytest.mark.controls(
@@ -87,20 +89,15 @@ def _line(lines: list[str], start: str) -> str:
     r"parameters after \d+ sgd steps vs one process",
     fault="gradients summed over the dp replicas, not averaged (x2)",
 )
-def test_a_doubled_gradient_fails_under_sgd(lines: dict) -> None:
-    got = lines["summed, sgd"]
-    for start in ("gradients of step 1", "losses of", "parameters after"):
-        assert _line(got, start).endswith("FAIL"), got
+def test_a_doubled_gradient_fails_under_sgd(flips: Callable) -> None:
+    flips("summed")
 
 
-def test_adamw_losses_cannot_see_a_doubled_gradient(lines: dict) -> None:
+def test_adamw_cannot_see_a_doubled_gradient(ran: harness.Ran) -> None:
     """Why the check moved to gradients and SGD: with every gradient doubled,
     AdamW's losses still equal one process's (its step m / (sqrt(v) + eps) loses
-    the factor); its parameters drift only through eps, where gradients are tiny
-    (1.2e-3 after 6 steps, measured). The gradient line fails outright."""
-    got = lines["summed, adamw"]
-    assert _line(got, "gradients of step 1").endswith("FAIL"), got
-    assert _line(got, "losses of").endswith("PASS"), got
+    the factor)."""
+    harness.assert_holds(ran, "summed", r"losses of \d+ adamw steps vs one process")
 
 
 @pytest.mark.controls(
@@ -118,11 +115,8 @@ def test_adamw_losses_cannot_see_a_doubled_gradient(lines: dict) -> None:
     r"ledger == formula",
     fault="no dp all-reduce: the dp axis sends nothing",
 )
-def test_replicas_that_never_average_fail(lines: dict) -> None:
-    got = lines["never averaged, adamw"]
-    for start in ("gradients of step 1", "losses of", "parameters after"):
-        assert _line(got, start).endswith("FAIL"), got
-    assert _line(got, "dp ").endswith("ledger == formula: False"), got
+def test_replicas_that_never_average_fail(flips: Callable) -> None:
+    flips("never averaged")
 
 
 @pytest.mark.controls(
@@ -130,6 +124,5 @@ def test_replicas_that_never_average_fail(lines: dict) -> None:
     r"every parameter on some rank",
     fault="the gathered state leaves ln_f.weight out on every rank",
 )
-def test_a_parameter_no_rank_holds_is_seen(lines: dict) -> None:
-    got = lines["drops a key"]
-    assert _line(got, "every parameter").endswith("False"), got
+def test_a_parameter_no_rank_holds_is_seen(flips: Callable) -> None:
+    flips("drops a key")
