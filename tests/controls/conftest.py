@@ -1,5 +1,6 @@
-"""The negative controls' fixture: `flips(*faults)` checks every verdict the test's
-`pytest.mark.controls` markers name against the module's `ran` fixture (harness.py).
+"""The negative controls' fixtures (harness.py): `ran`, a control module's CHAPTER
+run with its FAULTS (once per module), and `flips(*faults)`, which checks every
+verdict the test's `pytest.mark.controls` markers name against it.
 """
 
 from __future__ import annotations
@@ -8,6 +9,12 @@ from collections.abc import Callable
 
 import harness
 import pytest
+
+
+@pytest.fixture(scope="module")
+def ran(request: pytest.FixtureRequest) -> harness.Ran:
+    """The module's CHAPTER run with its FAULTS: one spawn for the whole file."""
+    return request.module.CHAPTER.run(request.module.FAULTS)
 
 
 @pytest.fixture

@@ -102,11 +102,6 @@ FAULTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def ran() -> harness.Ran:
-    return CHAPTER.run(FAULTS)
-
-
 @pytest.mark.controls(
     "06_global_tensor",
     r"full_tensor\(\) == whole: True",

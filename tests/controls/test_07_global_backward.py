@@ -72,11 +72,6 @@ FAULTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def ran() -> harness.Ran:
-    return CHAPTER.run(FAULTS)
-
-
 @pytest.mark.controls(
     "07_global_backward",
     r"\| gradient PASS",

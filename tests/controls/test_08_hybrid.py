@@ -69,11 +69,6 @@ FAULTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def ran() -> harness.Ran:
-    return CHAPTER.run(FAULTS)
-
-
 @pytest.mark.controls(
     "08_hybrid",
     r"gradients of step 1 vs one process",

@@ -49,11 +49,6 @@ FAULTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def ran() -> harness.Ran:
-    return CHAPTER.run(FAULTS)
-
-
 @pytest.mark.controls(
     "08b_hybrid_global",
     r"plan == dp_tp_plan\(one, column=\['fc'\], row=\['proj'\]\)",

@@ -336,11 +336,6 @@ FAULTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def ran() -> harness.Ran:
-    return CHAPTER.run(FAULTS)
-
-
 @pytest.mark.controls(
     "09_zero_fsdp",
     r"ZeRO-1 (SGD|AdamW): max \|(4 ranks - one process|ours - torch's)\|",

@@ -205,11 +205,6 @@ for name, change in {
     )
 
 
-@pytest.fixture(scope="module")
-def ran() -> harness.Ran:
-    return CHAPTER.run(FAULTS)
-
-
 @pytest.mark.controls(
     "12_experts",
     r"route\(\) == the rule worked by hand, token by token",
