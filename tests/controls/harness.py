@@ -64,7 +64,7 @@ WRITTEN = "as written"  # the run with no fault planted
 MAGIC = re.compile(r"^%%(ranks|px)\b")
 PULL = re.compile(r"""ranks\.pull\(\s*["'](\w+)["']""")
 LAST_WORD = re.compile(r"(PASS|FAIL|True|False)\s*$")
-FAILED = re.compile(r"= \S+ > (\S+): FAIL\s*$")  # checks.verdict's FAIL
+FAILED = re.compile(r"= \S+ > (\S+): FAIL\b")  # checks.verdict's FAIL, anywhere
 
 
 @dataclass(frozen=True)
@@ -207,10 +207,10 @@ def positive(line: str) -> str:
 
 
 def failing(line: str) -> bool:
-    return bool(LAST_WORD.search(line)) and LAST_WORD.search(line)[1] in (
-        "FAIL",
-        "False",
-    )
+    """A FAIL or False at the end, or one of checks.verdict's FAILs anywhere (a line
+    with two verdicts: "column == ... : FAIL; row == Y <= 1e-06: PASS")."""
+    last = LAST_WORD.search(line)
+    return bool(last and last[1] in ("FAIL", "False")) or bool(FAILED.search(line))
 
 
 def by_printer(lines: list[str], world: int) -> dict[str, list[str]]:
