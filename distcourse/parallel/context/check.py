@@ -60,11 +60,12 @@ def against_full_attention(
     *,
     causal: bool = True,
     layout: str = "zigzag",
-    attention: Attention = ring_attention,
+    attention: Attention | None = None,
     seed: int = 0,
     kv_heads: int | None = None,
 ) -> dict[str, float]:
     """max |ring - full| of out, dq, dk, dv over every rank (a collective)."""
+    attention = attention or ring_attention  # looked up now: a control plants one
     g = members(group, "against_full_attention")
     q, k, v, w = inputs(shape, seed, kv_heads=kv_heads)
     whole = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -92,12 +93,13 @@ def wire_and_memory(
     *,
     causal: bool = True,
     layout: str = "zigzag",
-    attention: Attention = ring_attention,
+    attention: Attention | None = None,
     kv_heads: int | None = None,
 ) -> dict[str, tuple[int, int]]:
     """(measured, formula) on this rank for one call: wire bytes of forward and
     backward (`ledger`), bytes kept for backward (saved-tensor hooks), blocks of
     scores computed (`Work`)."""
+    attention = attention or ring_attention  # looked up now: a control plants one
     g = members(group, "wire_and_memory")
     B, H, T, D = shape
     whole = inputs(shape, kv_heads=kv_heads)
@@ -157,7 +159,7 @@ def ulysses_cost(
     *,
     kv_heads: int | None = None,
     causal: bool = True,
-    attention: Attention = ulysses_attention,
+    attention: Attention | None = None,
 ) -> dict[str, tuple[int, int]]:
     """(measured, formula) on this rank for one Ulysses call: wire bytes of forward
     and backward (`ledger`, all_to_alls counted from their pieces), bytes kept for
@@ -166,6 +168,7 @@ def ulysses_cost(
     rank's device (its kernel decides), plus the random-number state each further
     call keeps (a seed and an offset on a GPU, none on the CPU); "ring": ring
     attention's wire bytes by formula, against Ulysses's."""
+    attention = attention or ulysses_attention  # looked up now: a control plants one
     g = members(group, "ulysses_cost")
     B, H, T, D = shape
     whole = inputs(shape, kv_heads=kv_heads)

@@ -144,10 +144,12 @@ def train_dp_cp(
     mesh: Mesh,
     *,
     lr: float = 0.1,
-    reduce: Reduce = average_gradients,
+    reduce: Reduce | None = None,
 ) -> tuple[list[float], dict[str, Tensor]]:
     """Plain SGD on the whole batches, each rank on its part; (this rank's losses,
-    the first step's gradients by parameter name)."""
+    the first step's gradients by parameter name). `reduce` (default this module's
+    `average_gradients`, looked up when it runs) averages the gradients."""
+    reduce = reduce or average_gradients
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses, first = [], {}
     for x, y in batches:
@@ -183,16 +185,17 @@ def against_one_process(
     batches: list[Batch],
     *,
     layout: str = "zigzag",
-    reduce: Reduce = average_gradients,
-    wrap: Callable[[TinyGPT, Group, str], ContextGPT] = ContextGPT,
+    reduce: Reduce | None = None,
+    wrap: Callable[[TinyGPT, Group, str], ContextGPT] | None = None,
 ) -> tuple[float, float]:
     """(step-1 gradients, parameters after every step): the largest difference
     between the dp x cp run and one process, over every tensor and every rank.
 
     Both start from TinyGPT(cfg) under seed 0, on the rank's device. `reduce` and
-    `wrap` are the gradient reduction and the model wrapper, replaceable to plant a
-    fault.
+    `wrap` are the gradient reduction and the model wrapper (default this module's
+    `average_gradients` and `ContextGPT`, looked up when it runs).
     """
+    wrap = wrap or ContextGPT
     device = runtime.device()
     batches = [(x.to(device), y.to(device)) for x, y in batches]
     torch.manual_seed(0)
