@@ -53,14 +53,16 @@ from distcourse.train.trainer import RunConfig, Trainer, lr_factor
 # bf16 (see the module docstring): step 1's gradients' error against float32 as a
 # multiple of one bf16 process's, measured under autocast: 0.76 to 0.92 over
 # every layout of 8 ranks (tests/test_train_compare.py's model), 0.77 to 0.82 on
-# chapter 13's 4; FSDP 1.02 to 1.05 (its bf16 parameters round the weights and the
-# norms too, beyond autocast). Gradients reduced over dp in bf16: 1.18 to 1.27 on
-# 4 ranks. Losses at most 2e-5 (8 ranks) to 8.5e-4 (4 ranks, 2 steps) from one
-# bf16 process; parameters after an SGD step 2e-4 apart (relative).
+# chapter 13's 4, 1 at world 1 (the same computation); bound 1.05. Gradients
+# reduced over dp in bf16: 1.18 to 1.27 on 4 ranks. FSDP computes in its bf16
+# parameters (MixedPrecisionPolicy: the norms and the residual stream in bf16 too,
+# beyond autocast): 1.02 to 1.22 over the models and worlds tested; bound 1.5.
+# Losses at most 2e-5 (8 ranks) to 8.5e-4 (4 ranks, 2 steps) from one bf16 process;
+# parameters after an SGD step 2e-4 apart (relative).
 TOL = {
     "float32": {"losses": 1e-5, "gradients": 1e-5, "parameters": 1e-5},
-    "bfloat16": {"losses": 2e-3, "gradients": 1.0, "parameters": 1e-3},
-    "bfloat16 fsdp": {"losses": 2e-3, "gradients": 1.15, "parameters": 1e-3},
+    "bfloat16": {"losses": 2e-3, "gradients": 1.05, "parameters": 1e-3},
+    "bfloat16 fsdp": {"losses": 2e-3, "gradients": 1.5, "parameters": 1e-3},
 }
 
 
@@ -212,6 +214,14 @@ def against_each(
     return found
 
 
+def ratio_verdict(ratio: float, bound: float) -> str:
+    """checks.verdict for a ratio near 1, to 2 decimals: '<= 1.05: PASS', or
+    '= 1.27 > 1.05: FAIL'."""
+    if ratio <= bound:
+        return f"<= {bound:.2f}: PASS"
+    return f"= {ratio:.2f} > {bound:.2f}: FAIL"
+
+
 def verdicts(found: dict) -> list[str]:
     """The lines `--compare` prints, each ending in a verdict against TOL: the
     largest differences in float32, relative ones for the tensors in bf16."""
@@ -221,7 +231,7 @@ def verdicts(found: dict) -> list[str]:
     how = "relative " if rel else ""
     grads = (
         "difference from one process in float32, x one bf16 process's "
-        f"{checks.verdict(found['grad_ratio'], tol['gradients'])}"
+        f"{ratio_verdict(found['grad_ratio'], tol['gradients'])}"
         if rel
         else f"difference {checks.verdict(found['grad_diff'], tol['gradients'])}"
     )
