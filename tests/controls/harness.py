@@ -89,10 +89,16 @@ class Swap:
     new: str
 
 
+class Code(str):
+    """A line a control runs among a chapter's cells, as it is (not a cell's text to
+    find): what a cell left out of the run would have bound, said plainly."""
+
+
 @dataclass(frozen=True)
 class Fault:
     """What a control runs and what it breaks: `cells`, a text that each cell to run
-    contains (in order; a chapter's setup runs first), and the plants and swaps."""
+    contains (in order; a chapter's setup runs first; a `Code` runs as it is), and
+    the plants and swaps."""
 
     cells: Sequence[str]
     plants: tuple[Plant | Swap, ...] = ()
@@ -301,7 +307,9 @@ class Chapter:
             self.ranks = bookrun.written_ranks(nb)
 
     def cell(self, text: str) -> str:
-        """The one code cell whose source contains `text`."""
+        """The one code cell whose source contains `text` (a Code: itself)."""
+        if isinstance(text, Code):
+            return str(text)
         self.read()
         hits = [s for s in self.sources if text in s]
         if len(hits) != 1:
@@ -324,7 +332,7 @@ class Chapter:
                 baselines[key] = f"{WRITTEN} {len(baselines)}"
                 if self.stored:
                     ran.lines[baselines[key]] = [
-                        line for c in cells for line in self.printed[c]
+                        line for c in cells for line in self.printed.get(c, [])
                     ]
                 else:
                     runs[baselines[key]] = (cells, ())
@@ -343,7 +351,7 @@ class Chapter:
             pulls = sorted({n for c in kernel for n in PULL.findall(c)})
             split[name] = (ranked if self.ranks else [], plants, pulls, kernel)
         per_rank = []
-        if self.ranks:
+        if self.ranks and any(cells for cells, _, _, _ in split.values()):
             programs = [
                 (cells, plants, pulls) for cells, plants, pulls, _ in split.values()
             ]

@@ -1,29 +1,98 @@
-"""Negative controls of chapter 11: each lab's check, run on a wrong fix, says FAIL.
-
-The chapter prints `<lab>: your fix on N ranks against one process: PASS` for the
-reference fixes (distcourse/labs/solutions.py). Here each check gets a plausible
-wrong fix instead, and must say FAIL, with the lab's hint.
+"""Negative controls of chapter 11: each lab's check, as the chapter's cell runs it
+on the reference fix (distcourse/labs/solutions.py), run with that fix replaced by a
+plausible wrong one, must say FAIL. The cells that bind `lab` also run the broken
+program (minutes of timeouts in all): the control binds it directly (a Code line).
+Each check starts its own ranks (tests/controls/harness.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import harness
 import pytest
 import torch
 import torch.distributed as dist
+from harness import Code, Fault, Plant
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from distcourse.labs import LABS
+from distcourse.labs import solutions
 
-TIMEOUT = 2.0
+CHAPTER = harness.Chapter(
+    "11_debugging",
+    setup=["from distcourse.labs import solutions"],
+    ranks=0,
+    stored=True,
+)
 
 
-def _assert_fails(name: str, fix: object) -> None:
-    verdict = LABS[name].check(fix, timeout=TIMEOUT)
-    text = str(verdict)
-    assert not verdict.passed, text
-    assert text.splitlines()[0].endswith("against one process: FAIL"), text
-    assert text.splitlines()[-1] == f"hint: {LABS[name].hint}", text
+def summed_loss(loss: Tensor, rank: int, world: int) -> float:
+    """The loss all-reduced on every rank, but never divided by the world."""
+    dist.all_reduce(loss)
+    return loss.item()
+
+
+def sorted_but_summed(grads: dict[str, Tensor], world: int) -> None:
+    """Gradients all-reduced in a shared order, summed, not averaged."""
+    for name in sorted(grads):
+        dist.all_reduce(grads[name])
+
+
+def warmup_capped_by_max(stage: int, stages: int, micro_batches: int) -> int:
+    """The warm-up capped with max instead of min."""
+    return max(stages - stage - 1, micro_batches)
+
+
+def never_cut_back(preds: Tensor, world: int) -> Tensor:
+    """Pieces padded to the largest, gathered, never cut back."""
+    padded = torch.zeros(3, 1)
+    padded[: preds.shape[0]] = preds
+    pieces = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(pieces, padded)
+    return torch.cat(pieces)
+
+
+def seed_still_differs(seed: int, tp_rank: int, tp_size: int) -> int:
+    """A dropout seed still different on each tensor-parallel rank."""
+    return seed * (tp_rank + 1)
+
+
+def averaged_norm_grads(norm: nn.LayerNorm, world: int) -> None:
+    """The sequence-parallel norm's gradients averaged over ranks, not summed."""
+    for p in norm.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= world
+
+
+def rank_0s_share(dataset: TensorDataset, rank: int, world: int) -> DataLoader:
+    """A DistributedSampler that gives every rank rank 0's share."""
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=0)
+    return DataLoader(dataset, batch_size=4, sampler=sampler)
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model left unwrapped: no DDP, gradients never averaged."""
+    return model
+
+
+WRONG = {  # lab: (the reference fix the chapter checks, a wrong one in its place)
+    "SKIPPED_COLLECTIVE": ("log_loss", summed_loss),
+    "COLLECTIVE_ORDER": ("sync_grads", sorted_but_summed),
+    "PIPELINE_MICROBATCHES": ("warmup", warmup_capped_by_max),
+    "UNEVEN_GATHER": ("gather", never_cut_back),
+    "DROPOUT_SEED": ("dropout_seed", seed_still_differs),
+    "LAYERNORM_SP": ("sync_norm_grads", averaged_norm_grads),
+    "SAMPLER": ("make_loader", rank_0s_share),
+    "UNUSED_PARAMETERS": ("wrap", unwrapped),
+}
+FAULTS = {
+    name: Fault(
+        [Code(f"lab = labs.{name}"), f"print(lab.check(solutions.{fix}))"],
+        Plant(solutions, fix, wrong),
+    )
+    for name, (fix, wrong) in WRONG.items()
+}
 
 
 @pytest.mark.controls(
@@ -31,12 +100,8 @@ def _assert_fails(name: str, fix: object) -> None:
     r"skipped_collective: your fix on \d ranks against one process",
     fault="the loss all-reduced on every rank but not divided by world",
 )
-def test_a_summed_loss_fails() -> None:
-    def log_loss(loss: Tensor, rank: int, world: int) -> float:
-        dist.all_reduce(loss)
-        return loss.item()
-
-    _assert_fails("skipped_collective", log_loss)
+def test_a_summed_loss_fails(flips: Callable) -> None:
+    flips("SKIPPED_COLLECTIVE")
 
 
 @pytest.mark.controls(
@@ -44,12 +109,8 @@ def test_a_summed_loss_fails() -> None:
     r"collective_order: your fix on \d ranks against one process",
     fault="gradients all-reduced in a shared order but summed, not averaged",
 )
-def test_sorted_but_summed_gradients_fail() -> None:
-    def sync_grads(grads: dict[str, Tensor], world: int) -> None:
-        for name in sorted(grads):
-            dist.all_reduce(grads[name])
-
-    _assert_fails("collective_order", sync_grads)
+def test_sorted_but_summed_gradients_fail(flips: Callable) -> None:
+    flips("COLLECTIVE_ORDER")
 
 
 @pytest.mark.controls(
@@ -57,11 +118,8 @@ def test_sorted_but_summed_gradients_fail() -> None:
     r"pipeline_microbatches: your fix on \d ranks against one process",
     fault="the warm-up capped with max instead of min",
 )
-def test_a_warmup_capped_the_wrong_way_fails() -> None:
-    def warmup(stage: int, stages: int, micro_batches: int) -> int:
-        return max(stages - stage - 1, micro_batches)
-
-    _assert_fails("pipeline_microbatches", warmup)
+def test_a_warmup_capped_the_wrong_way_fails(flips: Callable) -> None:
+    flips("PIPELINE_MICROBATCHES")
 
 
 @pytest.mark.controls(
@@ -69,15 +127,8 @@ def test_a_warmup_capped_the_wrong_way_fails() -> None:
     r"uneven_gather: your fix on \d ranks against one process",
     fault="pieces padded to the largest but never cut back",
 )
-def test_padded_pieces_not_cut_back_fail() -> None:
-    def gather(preds: Tensor, world: int) -> Tensor:
-        padded = torch.zeros(3, 1)
-        padded[: preds.shape[0]] = preds
-        pieces = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(pieces, padded)
-        return torch.cat(pieces)
-
-    _assert_fails("uneven_gather", gather)
+def test_padded_pieces_not_cut_back_fail(flips: Callable) -> None:
+    flips("UNEVEN_GATHER")
 
 
 @pytest.mark.controls(
@@ -85,11 +136,8 @@ def test_padded_pieces_not_cut_back_fail() -> None:
     r"dropout_seed: your fix on \d ranks against one process",
     fault="a seed still different on each tensor-parallel rank",
 )
-def test_a_seed_that_still_differs_fails() -> None:
-    def dropout_seed(seed: int, tp_rank: int, tp_size: int) -> int:
-        return seed * (tp_rank + 1)
-
-    _assert_fails("dropout_seed", dropout_seed)
+def test_a_seed_that_still_differs_fails(flips: Callable) -> None:
+    flips("DROPOUT_SEED")
 
 
 @pytest.mark.controls(
@@ -97,13 +145,8 @@ def test_a_seed_that_still_differs_fails() -> None:
     r"layernorm_sp: your fix on \d ranks against one process",
     fault="the norm's gradients averaged over ranks instead of summed",
 )
-def test_averaged_norm_gradients_fail() -> None:
-    def sync_norm_grads(norm: nn.LayerNorm, world: int) -> None:
-        for p in norm.parameters():
-            dist.all_reduce(p.grad)
-            p.grad /= world
-
-    _assert_fails("layernorm_sp", sync_norm_grads)
+def test_averaged_norm_gradients_fail(flips: Callable) -> None:
+    flips("LAYERNORM_SP")
 
 
 @pytest.mark.controls(
@@ -111,12 +154,8 @@ def test_averaged_norm_gradients_fail() -> None:
     r"sampler: your fix on \d ranks against one process",
     fault="a DistributedSampler that gives every rank rank 0's share",
 )
-def test_every_rank_given_rank_0s_share_fails() -> None:
-    def make_loader(dataset: TensorDataset, rank: int, world: int) -> DataLoader:
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=0)
-        return DataLoader(dataset, batch_size=4, sampler=sampler)
-
-    _assert_fails("sampler", make_loader)
+def test_every_rank_given_rank_0s_share_fails(flips: Callable) -> None:
+    flips("SAMPLER")
 
 
 @pytest.mark.controls(
@@ -124,8 +163,5 @@ def test_every_rank_given_rank_0s_share_fails() -> None:
     r"unused_parameters: your fix on \d ranks against one process",
     fault="the model left unwrapped: no DDP, gradients never averaged",
 )
-def test_an_unwrapped_model_fails() -> None:
-    def wrap(model: nn.Module) -> nn.Module:
-        return model
-
-    _assert_fails("unused_parameters", wrap)
+def test_an_unwrapped_model_fails(flips: Callable) -> None:
+    flips("UNUSED_PARAMETERS")
