@@ -299,7 +299,14 @@ def test_the_link_check_finds_what_it_must() -> None:
 # ----------------------------------------------------- the reading (issue 53) ----
 # Chapters that meet the book's reading rules; the others join as they are
 # converted (/work/notes of issue 53: the list of what each still needs).
-READ = ["01_quickstart", "02_collectives", "10_planner", "11_debugging", "12b_context"]
+READ = [
+    "01_quickstart",
+    "02_collectives",
+    "03_data_parallel",
+    "10_planner",
+    "11_debugging",
+    "12b_context",
+]
 # Pages read on a phone: those chapters, the introduction, the appendices and the
 # planner page.
 PHONE = ["intro", "appendix_checks", "appendix_solutions", "10b_planner_page", *READ]
