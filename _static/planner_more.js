@@ -294,9 +294,17 @@
     if (view.more) view.more.search.hidden = true;
   }
 
+  /** After every input: the comparison now, the sweep (seven predictions) once
+      the typing of this turn is done, so that a burst of inputs draws it once. */
   function refresh(view) {
-    drawSweep(view);
     drawCompare(view);
+    if (!view.more.pending) {
+      view.more.pending = true;
+      setTimeout(() => {
+        view.more.pending = false;
+        drawSweep(view);
+      }, 0);
+    }
   }
 
   window.dcPlannerMore = { build, refresh, inputChanged, layoutName, sweepPoints, FACTORS };

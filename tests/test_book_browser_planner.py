@@ -735,3 +735,27 @@ def test_a_field_without_a_number_is_named_in_plain_words(tab: Any) -> None:
         assert "got ''" not in shown
         tab.keyboard.type("8")
         assert tab.evaluate(ERROR) is None or label not in tab.evaluate(ERROR)
+
+
+def test_the_label_and_size_checks_catch_what_they_must(tab: Any) -> None:
+    """CLEAR flags a label drawn on a bar and one cut at the chart's edge, and the
+    size check a byte count written out whole."""
+    tab.evaluate(
+        """() => {
+      const s = document.querySelector('#dc-planner .dc-plan-memory svg');
+      const bar = s.querySelector('.dc-plan-bar rect');
+      const on = document.createElementNS('http://www.w3.org/2000/svg', 'text');
+      on.setAttribute('x', +bar.getAttribute('x') + 2);
+      on.setAttribute('y', +bar.getAttribute('y') + 10);
+      on.textContent = 'on';
+      const cut = on.cloneNode();
+      cut.setAttribute('x', +s.getAttribute('width') - 3);
+      cut.textContent = 'cut';
+      s.append(on, cut);
+      document.querySelector('#dc-planner .dc-plan-summary')
+        .append(' 85520000000 bytes');
+    }"""
+    )
+    labels, text = tab.evaluate(CLEAR)
+    assert "on a bar: on" in labels and "cut: cut" in labels, labels
+    assert re.findall(r"(?<![\d,.])\d{7,}", text) == ["85520000000"]
