@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distcourse.train import tokens
+from distcourse.train import corpus, flags, tokens
 
 DOCS = [
     (f"doc{i}.py", f"def f{i}(x):\n    return x * {i} + sum(range({i}))\n" * 20)
@@ -72,7 +72,13 @@ def test_one_long_text_is_cut_into_documents() -> None:
 def test_the_cache_root_follows_the_environment(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv(tokens.CACHE_ENV, str(tmp_path))
-    assert tokens.cache_root() == tmp_path
-    monkeypatch.delenv(tokens.CACHE_ENV)
-    assert tokens.cache_root() == Path.home() / ".cache" / "distcourse"
+    monkeypatch.setenv(corpus.CACHE_ENV, str(tmp_path))
+    assert corpus.cache_root() == tmp_path
+    path = flags.metrics_path(None)  # a run's metrics go there by default
+    assert path.startswith(str(tmp_path / "runs")) and path.endswith("metrics.jsonl")
+    assert (
+        flags.metrics_path("none") is None
+        and flags.metrics_path("m.jsonl") == "m.jsonl"
+    )
+    monkeypatch.delenv(corpus.CACHE_ENV)
+    assert corpus.cache_root() == Path.home() / ".cache" / "distcourse"

@@ -208,6 +208,8 @@ def train(
             f"loss {losses[0]:.4f} -> {losses[-1]:.4f}"
         )
         print(line)
+        if run.metrics:
+            print(f"metrics: {run.metrics}")
         if args.curve:
             save_curve(losses, args.curve, f"{run.preset} on {layout.name}")
             print(f"loss curve: {args.curve}")

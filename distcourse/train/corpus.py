@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,14 @@ from torch import Tensor
 BOOK = Path(__file__).resolve().parents[2] / "book"  # the repository's book
 EXCERPT = Path(__file__).resolve().parent / "data" / "book_excerpt.txt"
 HELD_OUT = 10  # the last 1/HELD_OUT of a character corpus is held out
+CACHE_ENV = "DISTCOURSE_CACHE"
+
+
+def cache_root() -> Path:
+    """Where the trainer keeps what it builds (BPE corpora, a run's metrics unless
+    told where): $DISTCOURSE_CACHE, else ~/.cache/distcourse."""
+    found = os.environ.get(CACHE_ENV)
+    return Path(found) if found else Path.home() / ".cache" / "distcourse"
 
 
 def read_pages(book: Path = BOOK) -> list[tuple[str, str]]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 from distcourse import plan, runtime
-from distcourse.train.corpus import BOOK
+from distcourse.train.corpus import BOOK, cache_root
 from distcourse.train.layout import DTYPES, SCHEDULES, TrainLayout
 from distcourse.train.model import PRESETS
 from distcourse.train.trainer import RunConfig
@@ -131,7 +132,13 @@ def _run(p: argparse.ArgumentParser) -> None:
 
 def _outputs(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("outputs and checks")
-    o.add_argument("--metrics", default=None, help="a JSON line per logged step here")
+    o.add_argument(
+        "--metrics",
+        default=None,
+        help="a JSON line per logged step here (default: a new file under "
+        "$DISTCOURSE_CACHE or ~/.cache/distcourse/runs, named at the end; 'none' "
+        "writes none)",
+    )
     o.add_argument("--tensorboard", default=None, help="TensorBoard logs here")
     o.add_argument("--log-every", type=int, default=1)
     o.add_argument("--profile", default=None, help="torch.profiler traces here")
@@ -181,6 +188,17 @@ def data_degree(args: argparse.Namespace) -> int:
     return world // rest if rest > 0 and world % rest == 0 else 1
 
 
+def metrics_path(given: str | None) -> str | None:
+    """--metrics: as given ('none': no file), else runs/<UTC time>-<torchrun's
+    run id or this process's id>/metrics.jsonl under the cache (every rank names
+    the same: rank 0 writes it)."""
+    if given is not None:
+        return None if given.lower() == "none" else given
+    run = os.environ.get("TORCHELASTIC_RUN_ID") or str(os.getpid())
+    stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
+    return str(cache_root() / "runs" / f"{stamp}-{run}" / "metrics.jsonl")
+
+
 def settings(args: argparse.Namespace) -> tuple[TrainLayout, RunConfig]:
     """The layout and the run the flags describe."""
     layout = TrainLayout(
@@ -218,7 +236,7 @@ def settings(args: argparse.Namespace) -> tuple[TrainLayout, RunConfig]:
         eval_every=args.eval_every,
         eval_batches=args.eval_batches,
         log_every=args.log_every,
-        metrics=args.metrics,
+        metrics=metrics_path(args.metrics),
         tensorboard=args.tensorboard,
         timeout=args.timeout,
         quiet=args.quiet,

@@ -39,19 +39,12 @@ import numpy as np
 import tokenizers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from distcourse.train.corpus import BOOK, read_pages
+from distcourse.train.corpus import BOOK, cache_root, read_pages
 
-CACHE_ENV = "DISTCOURSE_CACHE"
 EOT = "<|endoftext|>"
 SOURCE_SUFFIXES = (".py",)
 DOC_SUFFIXES = (".md", ".rst", ".txt")
 LARGEST_FILE = 2**20  # bytes: larger files are data, not prose or code
-
-
-def cache_root() -> Path:
-    """Where corpora are kept: $DISTCOURSE_CACHE, else ~/.cache/distcourse."""
-    found = os.environ.get(CACHE_ENV)
-    return Path(found) if found else Path.home() / ".cache" / "distcourse"
 
 
 def installed_files() -> Iterator[Path]:
