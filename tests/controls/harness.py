@@ -170,7 +170,7 @@ def _on_rank(prelude: str, programs: list[tuple[list[str], tuple, list[str]]]):
     for sources, plants, names in programs:
         namespace: dict[str, Any] = {"__name__": "__main__"}
         exec(cluster.NAMESPACE + prelude, namespace)
-        with planted(plants):
+        with planted(plants), contextlib.chdir(BOOK):  # where the notebook runs
             outputs = run_cells(sources, namespace)
         found.append((outputs, {n: namespace[n] for n in names if n in namespace}))
     return found
@@ -229,8 +229,8 @@ def by_printer(lines: list[str], world: int) -> dict[str, list[str]]:
     for line in lines:
         tag = RANK_TAG.match(line)
         who = tag[1] if tag else "here"
-        if who == "all ranks":
-            printers = [f"rank {r}" for r in range(world)]
+        if who == "all ranks":  # world 0: ranks a kernel cell started (columns.show)
+            printers = [f"rank {r}" for r in range(world)] or [who]
         elif who.startswith("ranks "):
             printers = [f"rank {r.strip()}" for r in who[6:].split(",")]
         else:
@@ -365,8 +365,9 @@ class Chapter:
             if kernel:
                 namespace = {"__name__": "__main__"}
                 namespace["ranks"] = Pulled([rank[i][1] for rank in per_rank])
-                exec(self.here, namespace)
-                with planted([*plants, Plant(launch, "spawn", reaching(plants), True)]):
+                spreading = Plant(launch, "spawn", reaching(plants), True)
+                with planted([*plants, spreading]), contextlib.chdir(BOOK):
+                    exec(self.here, namespace)  # its imports see the plants too
                     lines += [ln for out in run_cells(kernel, namespace) for ln in out]
             found[name] = lines
         return found
