@@ -17,6 +17,7 @@ first.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from collections.abc import Iterator
@@ -292,9 +293,9 @@ def differences(want: dict[str, Any], shown: dict[str, str]) -> list[str]:
     return bad
 
 
-@pytest.fixture(scope="module")
-def page(browser: Any, site: str) -> Iterator[Any]:  # noqa: F811 (fixtures)
-    """The planner page, loaded once, with no console error."""
+@contextlib.contextmanager
+def planner(browser: Any, site: str) -> Iterator[Any]:  # noqa: F811 (fixtures)
+    """The planner page, loaded, its form built; no console error by its close."""
     tab = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
     errors: list[str] = []
     tab.on("pageerror", lambda e: errors.append(str(e)))
@@ -303,6 +304,13 @@ def page(browser: Any, site: str) -> Iterator[Any]:  # noqa: F811 (fixtures)
     yield tab
     tab.close()
     assert not errors, errors
+
+
+@pytest.fixture(scope="module")
+def page(browser: Any, site: str) -> Iterator[Any]:  # noqa: F811 (fixtures)
+    """The planner page, loaded once for the module's grid."""
+    with planner(browser, site) as tab:
+        yield tab
 
 
 def test_the_grid_covers_every_setting() -> None:
@@ -430,15 +438,9 @@ VALID = [c for c in grid() if "error" not in predict(c)]
 
 @pytest.fixture
 def tab(browser: Any, site: str) -> Iterator[Any]:  # noqa: F811 (fixtures)
-    """A fresh planner page (nothing typed yet), with no console error."""
-    fresh = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
-    errors: list[str] = []
-    fresh.on("pageerror", lambda e: errors.append(str(e)))
-    fresh.goto(f"{site}/{PAGE}", wait_until="load")
-    fresh.wait_for_selector("#dc-planner form")
-    yield fresh
-    fresh.close()
-    assert not errors, errors
+    """A fresh planner page (nothing typed yet)."""
+    with planner(browser, site) as fresh:
+        yield fresh
 
 
 def typed(case: dict[str, Any]) -> list[tuple[str, Any]]:
