@@ -145,15 +145,21 @@ def test_two_nodes_of_four_ranks_on_loopback_compare() -> None:
 
 
 def test_one_process_without_torchrun_writes_its_metrics(tmp_path: Path) -> None:
-    metrics = tmp_path / "m.jsonl"
+    metrics, board, traces = (tmp_path / n for n in ("m.jsonl", "tb", "traces"))
     done = _run(
         [SCRIPT, "--model", "gpt2-124m", "--n-layer", "1", "--batch", "1"]
-        + ["--seq", "32", "--steps", "2", "--metrics", str(metrics), "--quiet"]
+        + ["--seq", "32", "--steps", "3", "--metrics", str(metrics), "--quiet"]
         + ["--corpus-mb", "0.05", "--bpe-train-mb", "0.05", "--vocab", "300"]
-        + ["--cache-dir", str(tmp_path / "cache")]
+        + ["--cache-dir", str(tmp_path / "cache"), "--tensorboard", str(board)]
+        + ["--profile", str(traces)]
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = _summary(done.stdout.splitlines())
     assert summary.startswith("1x1x1 (dp x pp x tp) on 1 rank, cpu; model 1 x 768")
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2] and rows[0]["peak_bytes"][0] > 0
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["peak_bytes"][0] > 0
+    assert rows[0]["peak_bytes"][0] / rows[0]["planned_bytes"][0] == pytest.approx(
+        1, abs=0.15
+    )
+    assert list(board.glob("events.out.tfevents.*"))  # TensorBoard's scalars
+    assert list(traces.glob("rank0*.pt.trace.json"))  # torch.profiler's, steps 2-3

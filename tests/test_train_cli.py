@@ -5,6 +5,7 @@ test_scripts_train_gpt.py)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from distcourse.train.cli import main
 from distcourse.train.flags import parser, settings
@@ -95,3 +96,12 @@ def test_plan_chooses_the_layout_and_refuses_layout_flags(
         main(["--check", "--plan", "h100", "--dp", "2"])
     assert ended.value.code == 2
     assert "--plan h100 with --dp: --plan chooses the layout" in capsys.readouterr().err
+
+
+def test_a_memory_snapshot_needs_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the snapshot is taken")
+    with pytest.raises(SystemExit) as ended:
+        main(["--memory-snapshot", "snap.pickle", "--steps", "1"])
+    assert ended.value.code == 2
+    assert "--memory-snapshot records CUDA's allocator" in capsys.readouterr().err

@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from distcourse.launch import spawn
 from distcourse.runtime import RankError
@@ -66,3 +68,40 @@ def test_warmup_then_cosine_decay_to_the_floor() -> None:
     assert factor(7) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))
     assert factor(10) == factor(20) == pytest.approx(0.1)
     assert lr_factor(RunConfig(steps=3, warmup=0))(0) == 1.0
+
+
+def _evals() -> dict[str, tuple[float, float]]:
+    from distcourse.examples.gpt import lm_loss
+    from distcourse.train import model as model_mod
+
+    run = replace(RUN, ckpt_every=0, eval_every=1, eval_batches=2, n_layer=4)
+    whole = model_mod.one_process(run.model(CORPUS), run.seed)
+    found = {}
+    layouts = (
+        TrainLayout(pp=2, micro_batches=2, schedule="interleaved", virtual=2),
+        TrainLayout(tp=2),
+        TrainLayout(dp=2, fsdp=True, dtype="bf16"),
+        TrainLayout(dp=2, zero=1),
+    )
+    for layout in layouts:
+        trainer = Trainer(layout, run, CORPUS)
+        mine = trainer.held  # this rank's rows of each held-out batch
+        shares = [None] * dist.get_world_size()
+        dist.all_gather_object(shares, mine)
+        if layout.dp == 1:  # every rank holds the whole batch
+            shares = shares[:1]
+        batches = [
+            (torch.cat([s[i][0] for s in shares]), torch.cat([s[i][1] for s in shares]))
+            for i in range(len(mine))
+        ]
+        with torch.no_grad():
+            losses = [lm_loss(whole(x), y).item() for x, y in batches]
+        found[layout.name] = (trainer.evaluate(), sum(losses) / len(losses))
+        trainer.close()
+    return found
+
+
+def test_the_eval_loss_is_one_processes_forward_on_every_layout() -> None:
+    for name, (ours, alone) in spawn(_evals, 2, timeout=60)[0].items():
+        tol = 2e-2 if "bf16" in name else 1e-5  # FSDP's bf16 parameters
+        assert abs(ours - alone) <= tol, (name, ours, alone)
