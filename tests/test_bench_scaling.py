@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from distcourse import viz
 from distcourse.bench import scaling
+from distcourse.viz.common import SMALL
 
 
 def test_summarize_computes_speedups_from_medians() -> None:
@@ -41,6 +43,9 @@ def test_plot_draws_both_modes() -> None:
         "strong scaling: fixed global batch",
         "weak scaling: fixed per-rank batch",
     ]
+    # readable where chapter 3b shows it: the full width (viz.figure refuses less)
+    shown = viz.figure(fig, "3b.2", "the scaling figure", "two line charts", wide=True)
+    assert shown.smallest.points >= SMALL
 
 
 def test_the_gap_splits_into_work_that_does_not_shrink_and_communication() -> None:

@@ -303,6 +303,7 @@ READ = [
     "01_quickstart",
     "02_collectives",
     "03_data_parallel",
+    "03b_ddp_in_practice",
     "10_planner",
     "11_debugging",
     "12b_context",

@@ -234,32 +234,39 @@ def main(argv: list[str]) -> int:
 
 
 def plot(rows: list[dict]) -> object:
-    """Step time against ranks per mode: medians, quartile bars, the ideal line."""
+    """Step time against ranks per mode: medians, quartile bars, the ideal line, in
+    the book's figure style (no text under viz.common.SMALL points; 9 inches wide:
+    the book shows it with viz.figure(..., wide=True))."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-    for ax, mode in zip(axes, MODES, strict=True):
-        mine = [r for r in rows if r["mode"] == mode]
-        ranks = [r["ranks"] for r in mine]
-        median = [r["median_ms"] for r in mine]
-        spread = [
-            [r["median_ms"] - r["q1_ms"] for r in mine],
-            [r["q3_ms"] - r["median_ms"] for r in mine],
-        ]
-        ax.errorbar(
-            ranks,
-            median,
-            yerr=spread,
-            marker="o",
-            capsize=4,
-            label="measured: median, quartiles",
-        )
-        ideal = [median[0] / n if mode == "strong" else median[0] for n in ranks]
-        ax.plot(ranks, ideal, "--", color="grey", label="ideal (no communication)")
-        batch = "global" if mode == "strong" else "per-rank"
-        ax.set(xticks=ranks, xlabel="ranks", ylabel="step time (ms)", ylim=(0, None))
-        ax.set_title(f"{mode} scaling: fixed {batch} batch")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
+    from distcourse.viz.common import SMALL, STYLE
+
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+        for ax, mode in zip(axes, MODES, strict=True):
+            mine = [r for r in rows if r["mode"] == mode]
+            ranks = [r["ranks"] for r in mine]
+            median = [r["median_ms"] for r in mine]
+            spread = [
+                [r["median_ms"] - r["q1_ms"] for r in mine],
+                [r["q3_ms"] - r["median_ms"] for r in mine],
+            ]
+            ax.errorbar(
+                ranks,
+                median,
+                yerr=spread,
+                marker="o",
+                capsize=4,
+                label="measured: median, quartiles",
+            )
+            ideal = [median[0] / n if mode == "strong" else median[0] for n in ranks]
+            ax.plot(ranks, ideal, "--", color="grey", label="ideal (no communication)")
+            batch = "global" if mode == "strong" else "per-rank"
+            ax.set(
+                xticks=ranks, xlabel="ranks", ylabel="step time (ms)", ylim=(0, None)
+            )
+            ax.set_title(f"{mode} scaling: fixed {batch} batch")
+            ax.legend(fontsize=SMALL)
+        fig.tight_layout()
     plt.close(fig)  # the caller displays it; pyplot must not show it a second time
     return fig
