@@ -23,3 +23,11 @@ def flips(request: pytest.FixtureRequest) -> Callable[..., None]:
     of the faults (usually one)."""
     ran = request.getfixturevalue("ran")
     return lambda *faults: harness.check(ran, faults, request.node)
+
+
+@pytest.fixture
+def stored_flips(request: pytest.FixtureRequest) -> Callable[..., list[str]]:
+    """`stored_flips(verdicts, name, planted)`: each marked verdict, judged on a
+    stored run, fails on the planted data, and passes on the book's stored run (if
+    any) but fails on it marked as measured under load."""
+    return lambda *args: harness.check_stored(request.node, *args)

@@ -448,3 +448,40 @@ def check(ran: Ran, faults: Sequence[str], node: pytest.Item) -> None:
     for marker in markers:
         printed_on = marker.kwargs.get("printed_on", "")
         assert_flips(ran, faults, marker.args[1], printed_on)
+
+
+def check_stored(
+    node: pytest.Item,
+    verdicts: Callable[[Any], str | list[str]],
+    name: str,
+    planted: dict[str, Any],
+) -> list[str]:
+    """A chapter's verdicts judged on a run stored in book/measurements/ (`name`):
+    `verdicts(stored)` prints them. For each `pytest.mark.controls` marker of the
+    test `node`, every line it matches fails on the `planted` data (stored as a
+    quiet run); if the book stores a run, the lines pass on it as written, and fail
+    on it marked as measured under load. The planted lines, for more checks."""
+    from distcourse.bench import record
+
+    def lines(stored: Any) -> list[str]:
+        out = verdicts(stored)
+        return [out] if isinstance(out, str) else list(out)
+
+    fault = lines(record.Stored(name, planted, {"quiet": True}))
+    stored = record.load(name)
+    markers = list(node.iter_markers("controls"))
+    assert markers, f"{node.nodeid}: no pytest.mark.controls marker to check"
+    for marker in markers:
+        pattern = marker.args[1]
+
+        def hits(found: list[str], pattern: str = pattern) -> list[str]:
+            matched = [ln for ln in found if re.search(pattern, positive(ln))]
+            assert matched, f"no line matches {pattern!r}:\n" + "\n".join(found)
+            return matched
+
+        assert all(map(failing, hits(fault))), "\n".join(fault)
+        if stored is not None:  # as written: the run stored with the book
+            assert not any(map(failing, hits(lines(stored)))), lines(stored)
+            busy = record.Stored(name, stored.data, {"quiet": False})
+            assert all(map(failing, hits(lines(busy)))), lines(busy)
+    return fault
