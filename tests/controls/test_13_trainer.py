@@ -42,11 +42,16 @@ from distcourse.train import layout as train_layout
 from distcourse.train import trainer as train_trainer
 
 CHAPTER = harness.Chapter("13_trainer", stored=True, timeout=120)
-COMPOSE = "every_combination(8, cfg, run.batch)"
-SAMPLER = "4 data-parallel ranks read one process's batch"
+FIRST = "corpus = Corpus.excerpt()  # the book's first 65,536 characters"
+COMPOSE = [FIRST, "every_combination(8, cfg, run.batch)"]
+SAMPLER = [
+    FIRST,
+    "bpe = tokens.build(",
+    "4 data-parallel ranks read one process's batch",
+]
 COMPARE = ["for line in cli.compare(LAYOUT, replace(run, steps=3), corpus):"]
 BF16 = [*COMPARE, 'sgd = replace(run, steps=2, optimizer="sgd", lr=0.5)']
-RUN = [*COMPARE, "LOSSES = trainer.fit()"]
+RUN = [*COMPARE, "LOSSES = trainer.fit()", "below = EVALS[64] < unigram"]
 MEMORY = [*RUN, "every rank's measured peak within 15 % of the plan"]
 
 
@@ -78,11 +83,11 @@ def summed(real: Callable) -> Callable:
 
 FAULTS = {
     "refused": Fault(
-        [COMPOSE],
+        COMPOSE,
         Plant(train_layout, "refuse_pairs", refusing_fsdp_with_a_pipeline, wrap=True),
     ),
     "first rows": Fault(
-        [COMPOSE, SAMPLER],
+        SAMPLER,
         Plant(Sampler, "rows", property(lambda self: slice(0, self.batch // self.dp))),
     ),
     "tp f": Fault(BF16, Plant(edges, "f", lambda x, group: x)),
