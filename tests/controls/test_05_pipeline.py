@@ -8,6 +8,12 @@ The faults: the activation meter that never releases a micro-batch's activations
 handed a loss m times the mean (micro-batch losses summed, not averaged: every
 gradient m times too large). One spawn of the chapter's 4 ranks runs them
 (tests/controls/harness.py); the lines as written are the stored notebook's.
+
+Step 0's verdict is judged on a run stored in book/measurements/ch05_split.json
+(`bench.resnet.verdict`, on the medians of the script's timed runs): its control
+runs the same script with a pipeline whose stages take turns (each rank runs a
+micro-batch's forward and then its backward before the next forward, so the two
+ranks never compute at once: no faster than the naive split on any machine).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import harness
 import pytest
 from harness import Fault, Plant, Swap
 
+from distcourse.bench import resnet
 from distcourse.parallel import pipeline as pp
 
 CHAPTER = harness.Chapter(
@@ -86,3 +93,26 @@ def test_activations_never_freed_break_the_in_flight_prediction(
 )
 def test_summed_micro_batch_losses_fail_every_equivalence(flips: Callable) -> None:
     flips("summed")
+
+
+PIPELINE = (
+    "    pipe = pp.Pipeline(stages, pp.gpipe(2, batch // split), F.mse_loss, "
+    "timeout=300)"
+)
+TAKING_TURNS = (  # rank r: F r.0, B r.0, F r.1, B r.1, ...: a valid, serial schedule
+    "    pipe = pp.Pipeline(stages, pp.Schedule('turns', 2, batch // split, 1, "
+    "tuple(tuple(pp.Action(k, r, j) for j in range(batch // split) for k in 'FB') "
+    "for r in (0, 1))), F.mse_loss, timeout=300)"
+)
+
+
+@pytest.mark.controls(
+    "05_pipeline",
+    r"best pipelined split \d+ \(\d+ micro-batches\): .* at least 1\.2x",
+    fault="a pipeline whose stages take turns (each forward after the previous "
+    "micro-batch's backward), run as the chapter's script; a run stored under load",
+    printed_on="a stored quiet run (book/measurements/ch05_split.json)",
+)
+def test_a_pipeline_whose_stages_take_turns_fails(stored_flips: Callable) -> None:
+    data = resnet.run(repeats=1, swap=(PIPELINE, TAKING_TURNS), splits=(8, 16))
+    stored_flips(resnet.verdict, resnet.NAME, data)
