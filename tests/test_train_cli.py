@@ -48,6 +48,10 @@ def test_data_parallelism_takes_the_ranks_the_other_degrees_leave(
     for flags, dp in ([], 8), (["--pp", "2"], 4), (["--pp", "2", "--tp", "2"], 2):
         assert settings(parser().parse_args(flags))[0].dp == dp, flags
     assert settings(parser().parse_args(["--dp", "2", "--pp", "2"]))[0].dp == 2
+    # 8 sequences a data-parallel rank unless --batch says otherwise
+    assert settings(parser().parse_args([]))[1].batch == 64
+    assert settings(parser().parse_args(["--pp", "2"]))[1].batch == 32
+    assert settings(parser().parse_args(["--batch", "4"]))[1].batch == 4
     main(["--check"])
     assert capsys.readouterr().out == "8x1x1 (dp x pp x tp) fits 8 ranks: accepted\n"
     monkeypatch.setenv("WORLD_SIZE", "6")  # pp 4 does not divide 6 ranks

@@ -19,6 +19,7 @@ from distcourse.train.layout import DTYPES, SCHEDULES, TrainLayout
 from distcourse.train.model import PRESETS
 from distcourse.train.trainer import RunConfig
 
+PER_RANK = 8  # sequences a data-parallel rank takes when --batch is not given
 LAYOUT_FLAGS = {  # dest -> flag: what --plan chooses, so it must not be given
     "dp": "--dp",
     "pp": "--pp",
@@ -109,7 +110,13 @@ def _model_and_data(p: argparse.ArgumentParser) -> None:
 def _run(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("run")
     g.add_argument("--steps", type=int, default=20)
-    g.add_argument("--batch", type=int, default=8, help="sequences per step")
+    g.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="sequences per step, all ranks together; default 8 a data-parallel "
+        "rank (--plan: 8 a rank)",
+    )
     g.add_argument(
         "--lr", type=float, default=None, help="default 1e-2 tiny, 6e-4 else"
     )
@@ -218,7 +225,7 @@ def settings(args: argparse.Namespace) -> tuple[TrainLayout, RunConfig]:
     lr = args.lr if args.lr is not None else (1e-2 if args.model == "tiny" else 6e-4)
     run = RunConfig(
         steps=args.steps,
-        batch=args.batch,
+        batch=args.batch or PER_RANK * (torchrun_world() if args.plan else layout.dp),
         seq=args.seq,
         lr=lr,
         optimizer=args.optimizer,
