@@ -111,8 +111,9 @@ def verdicts(stored: record.Stored, breaks: dict[str, int] = BREAKS) -> list[str
     for name, (a, b, verdict) in fitted(data).items():
         held = verdict.endswith("PASS") and quiet
         shown = verdict if held else verdict.replace("PASS", "FAIL")
+        speed = f"{1e-9 / b:.2f}" if b > 0 else "inf"  # a fit with no beta: b = 0
         lines.append(
-            f"2 ranks, {name:<5} α = {a * 1e6:.0f} µs, 1/β = {1e-9 / b:.2f} GB/s; "
+            f"2 ranks, {name:<5} α = {a * 1e6:.0f} µs, 1/β = {speed} GB/s; "
             f"held-out sizes {shown}"
         )
     off = ratios(data)

@@ -27,7 +27,8 @@ def flips(request: pytest.FixtureRequest) -> Callable[..., None]:
 
 @pytest.fixture
 def stored_flips(request: pytest.FixtureRequest) -> Callable[..., list[str]]:
-    """`stored_flips(verdicts, name, planted)`: each marked verdict, judged on a
-    stored run, fails on the planted data, and passes on the book's stored run (if
-    any) but fails on it marked as measured under load."""
+    """`stored_flips(verdicts, name, data, *plants)`: each marked verdict, judged on
+    a stored run, fails on the planted data (or on the data with the plants set, and
+    passes without), and passes on the book's stored run (if any) but fails on it
+    marked as measured under load."""
     return lambda *args: harness.check_stored(request.node, *args)

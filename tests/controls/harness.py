@@ -454,20 +454,26 @@ def check_stored(
     node: pytest.Item,
     verdicts: Callable[[Any], str | list[str]],
     name: str,
-    planted: dict[str, Any],
+    data: dict[str, Any],
+    *plants: Plant,
 ) -> list[str]:
     """A chapter's verdicts judged on a run stored in book/measurements/ (`name`):
     `verdicts(stored)` prints them. For each `pytest.mark.controls` marker of the
-    test `node`, every line it matches fails on the `planted` data (stored as a
-    quiet run); if the book stores a run, the lines pass on it as written, and fail
-    on it marked as measured under load. The planted lines, for more checks."""
+    test `node`, every line it matches fails on the planted `data` (stored as a
+    quiet run), or, with `plants`, passes on that data as written and fails with
+    the plants set (a fault in the code that judges it); if the book stores a run,
+    the lines pass on it as written, and fail on it marked as measured under load.
+    The planted lines, for more checks."""
     from distcourse.bench import record
 
     def lines(stored: Any) -> list[str]:
         out = verdicts(stored)
         return [out] if isinstance(out, str) else list(out)
 
-    fault = lines(record.Stored(name, planted, {"quiet": True}))
+    quiet = record.Stored(name, data, {"quiet": True})
+    written = lines(quiet) if plants else []
+    with planted(plants):
+        fault = lines(quiet)
     stored = record.load(name)
     markers = list(node.iter_markers("controls"))
     assert markers, f"{node.nodeid}: no pytest.mark.controls marker to check"
@@ -480,6 +486,8 @@ def check_stored(
             return matched
 
         assert all(map(failing, hits(fault))), "\n".join(fault)
+        if plants:
+            assert not any(map(failing, hits(written))), "\n".join(written)
         if stored is not None:  # as written: the run stored with the book
             assert not any(map(failing, hits(lines(stored)))), lines(stored)
             busy = record.Stored(name, stored.data, {"quiet": False})
