@@ -304,6 +304,7 @@ READ = [
     "02_collectives",
     "03_data_parallel",
     "03b_ddp_in_practice",
+    "04_tensor_parallel",
     "10_planner",
     "11_debugging",
     "12b_context",
