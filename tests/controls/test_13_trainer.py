@@ -101,11 +101,6 @@ FAULTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def ran() -> harness.Ran:
-    return CHAPTER.run(FAULTS)
-
-
 @pytest.mark.controls(
     "13_trainer",
     r"every refusal is the model's shape, not a pair of flags",
@@ -205,12 +200,8 @@ def _resumed(work: str) -> dict[str, float]:
         first.fit(until=4)
         first.save()
         first.close()
-        real = train_checkpoint.load
-        train_checkpoint.load = without_moments(real)
-        try:
+        with harness.planted([Plant(train_checkpoint, "load", without_moments, True)]):
             second = Trainer(other, run, CORPUS)
-        finally:
-            train_checkpoint.load = real
         losses = second.fit()
         second.close()
         pairs = zip(losses[4:], straight[4:], strict=True)
