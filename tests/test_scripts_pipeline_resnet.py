@@ -39,7 +39,9 @@ def test_small_resnet_sweep_prints_a_table_and_a_json_line() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert lines[0] == "ResNet small: 3 batches of 32 images 128x128, 10 classes, on cpu"
+    assert lines[0] == (
+        "ResNet small: 3 batches of 32 images 128x128, 10 classes, on cpu"
+    )
     assert lines[1].startswith("one process ") and lines[1].endswith(" s")
     rows = [line.split() for line in lines[3:-2]]
     assert [(int(r[0]), int(r[1])) for r in rows] == SWEEP
