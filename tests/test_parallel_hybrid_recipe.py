@@ -95,3 +95,17 @@ def test_a_machine_without_its_peak_cannot_time_a_bubble() -> None:
     unknown = recipe.Machine("a GPU of unknown speed", 8, 80, 450, 50)
     with pytest.raises(ValueError, match="no tflops given"):
         recipe.rows(SMALL, BATCH, WORLD, unknown)
+
+
+def test_the_table_is_a_row_per_layout_with_its_numbers_in_both_forms() -> None:
+    found = recipe.rows(SMALL, BATCH, WORLD, recipe.DGX_H100)[:3]
+    table = recipe.table(found)
+    lines = str(table).splitlines()
+    assert len(lines) == 1 + len(found)  # the header, then a line per layout
+    assert lines[0].split()[:4] == ["layout", "state", "GiB", "acts"]
+    for line, r in zip(lines[1:], found, strict=True):
+        cells = line.split()
+        assert cells[0] == r["layout"] and cells[3] == str(r["fits"])
+        assert cells[-1] == f"{1e3 * _seconds(r):,.0f}"  # the step's modelled ms
+    html = table.html()  # the book's form: a <tr> for the header and each row
+    assert html.count("<tr") == 1 + len(found) and r["layout"] in html

@@ -23,10 +23,11 @@ def _position(coord: Sequence[int], shape: Sequence[int]) -> tuple[float, float]
 
 
 def _route(points: list[tuple[float, float]], lift: float) -> list[tuple[float, float]]:
-    """A group's line: straight between neighbours; over the boxes (raised by
-    `lift`) when it would pass behind another rank's box on the same row."""
+    """A group's line: straight down a column (the rows are far apart); along a
+    row, over the boxes (raised by `lift`): a straight line there would hide behind
+    the boxes it joins, whose sides almost touch, and behind any between them."""
     xs, ys = zip(*points, strict=True)
-    if len(set(ys)) > 1 or max(xs) - min(xs) <= 1.5 * (len(xs) - 1):
+    if len(set(ys)) > 1:
         return points
     top = ys[0] + lift
     return [(xs[0], ys[0]), (xs[0], top), (xs[-1], top), (xs[-1], ys[-1])]

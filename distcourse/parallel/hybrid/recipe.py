@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from distcourse.examples.gpt import GPTConfig
 from distcourse.parallel.hybrid.cost import FLOAT, bytes_per_step, parameters_held
 from distcourse.parallel.hybrid.layout import Layout, check, layouts
+from distcourse.tables import Table
 
 GIB = 2**30
 
@@ -158,28 +159,26 @@ def choose(found: list[dict], rule: bool = True) -> dict:
     return min(fitting, key=split)
 
 
-def table(found: list[dict]) -> str:
-    """The rows as text: memory (GiB), then per axis MB, link and ms, the bubble's
-    ms and all the modelled ms of a step."""
-    head = "  ".join(f"{a + ' MB, link, ms':>20}" for a in ("dp", "pp", "tp"))
-    lines = [
-        f"{'layout':>7} {'state':>6} {'acts':>5} {'fits':>5}  {head}"
-        f" {'bubble':>6} {'total':>6}"
-    ]
+def table(found: list[dict]) -> Table:
+    """The rows as a table: memory (GiB), then per axis MB, link and ms, the
+    bubble's ms and all the modelled ms of a step. Printed it is aligned text; a
+    notebook shows it as an HTML table (`tables.Table`)."""
+    axes = ("dp", "pp", "tp")
+    header = ["layout", "state GiB", "acts GiB", "fits"]
+    header += [f"{a} {what}" for a in axes for what in ("MB", "link", "ms")]
     short = {"node": "node", "network": "net", "-": "-"}
+    rows = []
     for r in found:
         m, sec = r["memory_gib"], r["seconds"]
-        axes = "  ".join(
-            f"{r['bytes'][a] / 1e6:>9,.0f} {short[r['links'][a]]:>4} "
-            f"{1e3 * sec[a]:>5,.0f}"
-            for a in ("dp", "pp", "tp")
-        )
-        state = r["state_gib"] - m["acts"]
-        lines.append(
-            f"{r['layout']:>7} {state:>5.1f}G {m['acts']:>4.1f}G {str(r['fits']):>5}"
-            f"  {axes} {1e3 * sec['bubble']:>6,.0f} {1e3 * sum(sec.values()):>6,.0f}"
-        )
-    return "\n".join(lines)
+        row = [r["layout"], f"{r['state_gib'] - m['acts']:.1f}", f"{m['acts']:.1f}"]
+        row.append(str(r["fits"]))
+        for a in axes:
+            row += [f"{r['bytes'][a] / 1e6:,.0f}", short[r["links"][a]]]
+            row.append(f"{1e3 * sec[a]:,.0f}")
+        row += [f"{1e3 * sec['bubble']:,.0f}", f"{1e3 * sum(sec.values()):,.0f}"]
+        rows.append(row)
+    header += ["bubble ms", "total ms"]
+    return Table(header, rows, align=">>>>" + ">>>" * len(axes) + ">>")
 
 
 def summary(best: dict) -> str:
