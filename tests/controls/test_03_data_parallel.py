@@ -249,7 +249,6 @@ class OneBucketDDP(ddp.DDP):
     r"best bucket size \S+ MB: median hidden share .* at least 0\.5",
     fault="a DDP that puts every gradient in one bucket (it sends after backward), "
     "measured on 2 ranks; a run stored under load",
-    printed_on="a stored quiet run (book/measurements/ch03_overlap.json)",
 )
 def test_a_ddp_that_sends_after_backward_fails(stored_flips: Callable) -> None:
     data = overlap.measure(overlap.QUICK, OneBucketDDP)
