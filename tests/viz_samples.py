@@ -121,6 +121,7 @@ SAMPLES: dict[str, Callable[[], Figure]] = {
         schedules.interleaved(4, 8, 2),
     ),
     "strategies": lambda: viz.strategies(4),
+    "four_moves": lambda: viz.four_moves(2, 2, 2, 4),
     "calls": lambda: viz.calls(
         [
             ["#1 isend float32[2, 4] to rank 1 (32 B), returned"] * 2,

@@ -4,7 +4,8 @@ sends forward and backward), `mesh` (ranks on a device mesh, their groups per ax
 bytes per axis, costs per layout), `schematics` (the pictures of a chapter's idea:
 the ranks and their kernel, the ring, pipeline schedules on a perfect machine,
 the map of strategies), `sharding` (who holds which model state under ZeRO's
-stages; memory held against bytes sent), `experts` (tokens dispatched
+stages; memory held against bytes sent), `composition` (the trainer's four
+moves: stages, TP, recomputation, replicas), `experts` (tokens dispatched
 between ranks; the load per expert against its capacity), `context` (ring
 attention: the ring, the sequence split, the causal blocks per rank), `memory`
 (loss curves side by side; a rank's memory stacked by kind), `recorded` (each rank's
@@ -13,6 +14,7 @@ Figure and never calls plt.show(); `figure` numbers, captions and describes one 
 the book, and refuses one whose text the book would show too small to read.
 """
 
+from distcourse.viz.composition import four_moves
 from distcourse.viz.context import ring_blocks
 from distcourse.viz.duality import conversion_bytes
 from distcourse.viz.experts import dispatch_matrix, expert_load
@@ -38,6 +40,7 @@ __all__ = [
     "dispatch_matrix",
     "expert_load",
     "figure",
+    "four_moves",
     "gantt",
     "hidden_sweep",
     "layout_costs",
