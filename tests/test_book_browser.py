@@ -305,9 +305,12 @@ READ = [
     "03_data_parallel",
     "03b_ddp_in_practice",
     "04_tensor_parallel",
+    "09_zero_fsdp",
     "10_planner",
     "11_debugging",
+    "12_experts",
     "12b_context",
+    "13_trainer",
 ]
 # Pages read on a phone: those chapters, the introduction, the appendices and the
 # planner page.
