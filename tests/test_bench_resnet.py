@@ -13,6 +13,7 @@ def _data(seconds: list[float]) -> dict:
     splits = [(32, 1), (4, 8), (8, 4), (16, 2)]
     return {
         "one": 1.0,
+        "batches": 3,
         "rows": [
             [s, m, t, [100.0, 80.0], 2]
             for (s, m), t in zip(splits, seconds, strict=True)
@@ -24,8 +25,8 @@ def test_the_best_split_is_judged_against_the_speedup() -> None:
     data = _data([1.2, 1.1, 0.9, 1.0])
     assert resnet.best(data) == (8, 4, pytest.approx(1.2 / 0.9))
     assert resnet.verdict(record.Stored(resnet.NAME, data, {"quiet": True})) == (
-        "best pipelined split 8 (4 micro-batches): 1.33x the naive split, at least "
-        "1.2x: PASS"
+        "best pipelined split 8 (4 micro-batches): 1.33x the naive split and 2.40x "
+        "its stages taking turns, both at least 1.2x: PASS"
     )
     assert resnet.verdict(record.Stored(resnet.NAME, data, {"quiet": False})).endswith(
         "FAIL"
@@ -34,6 +35,16 @@ def test_the_best_split_is_judged_against_the_speedup() -> None:
     assert resnet.verdict(record.Stored(resnet.NAME, slow, {"quiet": True})).endswith(
         "FAIL"
     )
+
+
+def test_micro_batches_cheaper_per_image_without_overlap_fail() -> None:
+    """Split 8 beats naive 1.5x, but takes as long as its 4 micro-batches' compute
+    added up (3 batches x 4 x 180 ms = 2.16 s): no overlap, so FAIL."""
+    data = _data([3.24, 3.0, 2.16, 3.0])
+    assert resnet.in_turns(data, data["rows"][2]) == pytest.approx(2.16)
+    line = resnet.verdict(record.Stored(resnet.NAME, data, {"quiet": True}))
+    assert "1.50x the naive split and 1.00x its stages taking turns" in line
+    assert line.endswith("FAIL")
 
 
 def test_the_table_shows_each_cut_its_balance_and_the_live_run(

@@ -6,7 +6,9 @@ thread each (OMP_NUM_THREADS=1, CPU ranks), each row the median of `--repeats`
 timed runs, each split cut where its two stages are balanced by measurement (the
 script's docstring). The chapter's claim is judged on those medians: the fastest
 pipelined split at least SPEEDUP times faster than the naive split (the whole batch
-through the two stages, one rank idle while the other works).
+through the two stages, one rank idle while the other works), and than its own
+micro-batches with the stages taking turns (their measured compute added up): the
+second speed-up is the overlap alone.
 
 The two stages overlap only while each rank has a core: on 2 cores, 2 ranks and
 nothing else. `--store` measures that and writes book/measurements/ch05_split.json
@@ -81,14 +83,27 @@ def imbalance(row: list) -> float:
     return slow / fast if fast > 0 else float("inf")
 
 
+def in_turns(data: dict[str, Any], row: list) -> float:
+    """Seconds `row`'s split would take with its two stages taking turns: each of
+    the run's batches, each of its m micro-batches through stage 0's compute and
+    then stage 1's (the row's own compute per micro-batch, measured in this run)."""
+    return data["batches"] * row[1] * sum(row[3]) / 1000
+
+
 def verdict(stored: record.Stored) -> str:
-    """The chapter's line: the best split's speed-up against SPEEDUP, on a run
-    stored on a quiet machine (a busy one fails whatever it measured)."""
+    """The chapter's line: the best split's speed-up against SPEEDUP, twice: over
+    the naive split, and over its own micro-batches with the stages taking turns
+    (smaller micro-batches that are merely cheaper per image pass the first, never
+    the second); on a run stored on a quiet machine (a busy one fails whatever it
+    measured)."""
     split, m, speedup = best(stored.data)
-    ok = speedup >= SPEEDUP and stored.provenance.get("quiet")
+    row = next(r for r in stored.data["rows"][1:] if r[0] == split)
+    gain = in_turns(stored.data, row) / row[2]
+    ok = min(speedup, gain) >= SPEEDUP and stored.provenance.get("quiet")
     return (
         f"best pipelined split {split} ({m} micro-batches): {speedup:.2f}x the naive "
-        f"split, at least {SPEEDUP}x: {'PASS' if ok else 'FAIL'}"
+        f"split and {gain:.2f}x its stages taking turns, both at least {SPEEDUP}x: "
+        f"{'PASS' if ok else 'FAIL'}"
     )
 
 
