@@ -100,9 +100,10 @@ def test_a_machine_without_its_peak_cannot_time_a_bubble() -> None:
 def test_the_table_is_a_row_per_layout_with_its_numbers_in_both_forms() -> None:
     found = recipe.rows(SMALL, BATCH, WORLD, recipe.DGX_H100)[:3]
     table = recipe.table(found)
-    lines = str(table).splitlines()
+    units, *lines = str(table).splitlines()  # what the columns count, in
+    assert "GiB" in units and "MB" in units  # a caption: the headers are short
     assert len(lines) == 1 + len(found)  # the header, then a line per layout
-    assert lines[0].split()[:4] == ["layout", "state", "GiB", "acts"]
+    assert lines[0].split()[:5] == ["layout", "state", "acts", "fits", "dp"]
     for line, r in zip(lines[1:], found, strict=True):
         cells = line.split()
         assert cells[0] == r["layout"] and cells[3] == str(r["fits"])

@@ -163,9 +163,9 @@ def table(found: list[dict]) -> Table:
     """The rows as a table: memory (GiB), then per axis MB, link and ms, the
     bubble's ms and all the modelled ms of a step. Printed it is aligned text; a
     notebook shows it as an HTML table (`tables.Table`)."""
-    axes = ("dp", "pp", "tp")
-    header = ["layout", "state GiB", "acts GiB", "fits"]
-    header += [f"{a} {what}" for a in axes for what in ("MB", "link", "ms")]
+    axes = ("dp", "pp", "tp")  # headers kept short: the book's column is 936 px
+    header = ["layout", "state", "acts", "fits"]
+    header += [what for a in axes for what in (f"{a} MB", "link", "ms")]
     short = {"node": "node", "network": "net", "-": "-"}
     rows = []
     for r in found:
@@ -177,8 +177,10 @@ def table(found: list[dict]) -> Table:
             row.append(f"{1e3 * sec[a]:,.0f}")
         row += [f"{1e3 * sec['bubble']:,.0f}", f"{1e3 * sum(sec.values()):,.0f}"]
         rows.append(row)
-    header += ["bubble ms", "total ms"]
-    return Table(header, rows, align=">>>>" + ">>>" * len(axes) + ">>")
+    header += ["bubble", "total"]
+    units = "state, acts: GiB a GPU; each axis: MB a step, its link, ms; "
+    units += "bubble, total: ms"
+    return Table(header, rows, align=">>>>" + ">>>" * len(axes) + ">>", caption=units)
 
 
 def summary(best: dict) -> str:
