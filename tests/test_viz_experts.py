@@ -14,7 +14,9 @@ def test_dispatch_matrix_shows_the_rows_and_the_combine_as_its_transpose() -> No
     dispatch, combine = fig.axes[:2]
     assert [t.get_text() for t in dispatch.texts] == ["1", "2", "3", "4"]
     assert [t.get_text() for t in combine.texts] == ["1", "3", "2", "4"]
-    assert "experts 2,3" in dispatch.get_xticklabels()[1].get_text()
+    # under a column the experts go on a line of their own (side by side, the
+    # labels of 4 ranks overlapped)
+    assert dispatch.get_xticklabels()[1].get_text() == "rank 1\nexperts\n2,3"
     assert "experts 2,3" in combine.get_yticklabels()[1].get_text()
     assert dispatch.get_title().startswith("dispatch")
 

@@ -31,10 +31,14 @@ def dispatch_matrix(
     n = len(sent)
     back = [[sent[s][q] for s in range(n)] for q in range(n)]
     plain = [f"rank {q}" for q in range(n)]
-    holders = [f"rank {q}\nexperts {','.join(map(str, experts[q]))}" for q in range(n)]
-    fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.6))
+    held = [",".join(map(str, e)) for e in experts]
+    holders = [f"rank {q}\nexperts {held[q]}" for q in range(n)]
+    # under a column the experts take a line of their own: side by side, the
+    # labels of 4 ranks overlap at the column's width
+    below = [f"rank {q}\nexperts\n{held[q]}" for q in range(n)]
+    fig, axes = plt.subplots(1, 2, figsize=(8.5, 4.2))
     panels = (
-        (sent, "dispatch: tokens to experts", holders, plain),
+        (sent, "dispatch: tokens to experts", below, plain),
         (back, "combine: outputs back", plain, holders),
     )
     for ax, (rows, what, to, frm) in zip(axes, panels, strict=True):
