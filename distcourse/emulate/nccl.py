@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -88,6 +89,13 @@ def register() -> None:
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> EmulatedNccl:
     return EmulatedNccl(store, rank, size, timeout)
+
+
+def _pairwise(single: Callable, outputs: list, inputs: list, opts: Any) -> dist.Work:
+    """A coalesced call as torch hands it over: `single` on each (output, input)
+    pair, one Work that waits for them all."""
+    pairs = zip(outputs, inputs, strict=True)
+    return HeldWork.joined([single(o, i, opts) for o, i in pairs])
 
 
 class EmulatedNccl(PointToPoint, dist.ProcessGroup):
@@ -244,12 +252,7 @@ class EmulatedNccl(PointToPoint, dist.ProcessGroup):
     def allgather_into_tensor_coalesced(
         self, outputs: list, inputs: list, opts: Any
     ) -> dist.Work:
-        return HeldWork.joined(
-            [
-                self.all_gather_single(o, i, opts)
-                for o, i in zip(outputs, inputs, strict=True)
-            ]
-        )
+        return _pairwise(self.all_gather_single, outputs, inputs, opts)
 
     def reduce_scatter_single(self, output: Any, input: Any, opts: Any) -> dist.Work:
         return self._reduce_scatter(self._host(output), self._host(input), opts)
@@ -274,12 +277,7 @@ class EmulatedNccl(PointToPoint, dist.ProcessGroup):
     def reduce_scatter_tensor_coalesced(
         self, outputs: list, inputs: list, opts: Any
     ) -> dist.Work:
-        return HeldWork.joined(
-            [
-                self.reduce_scatter_single(o, i, opts)
-                for o, i in zip(outputs, inputs, strict=True)
-            ]
-        )
+        return _pairwise(self.reduce_scatter_single, outputs, inputs, opts)
 
     def all_to_all_single(
         self, output: Any, input: Any, out_splits: list, in_splits: list, opts: Any
