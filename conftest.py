@@ -11,6 +11,7 @@ cluster.default_ranks read it). A GPU run of the book is `make test-gpu`.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 
 import pytest
@@ -28,6 +29,17 @@ os.environ["DISTCOURSE_DEVICE"] = "cpu"
 # cells end as errors. Under an 8-rank gloo loop, 2 of 120 kernel starts died so; it
 # failed tests/test_book_verdicts.py inside `make test`. ZeroMQ's ipc transport
 # binds a socket file that no other process names: nothing can take it.
+@pytest.fixture(autouse=True)
+def drained_device_work() -> None:
+    """Each test starts with no emulated device work pending. A test that ran device
+    ops in this process and left them unsynchronized (fine on a GPU: they complete)
+    would otherwise make a later test's host clock read fail the timing rule
+    (emulate.timing), in whichever test file its pytest-xdist worker runs next."""
+    timing = sys.modules.get("distcourse.emulate.timing")
+    if timing is not None:
+        timing.host_synced("between tests")
+
+
 def pytest_configure(config):  # noqa: ANN001, ANN201 (pytest hook)
     if os.name != "posix" or not config.pluginmanager.hasplugin("nbval"):
         return

@@ -73,7 +73,9 @@ def test_ddp_names_unused_parameters_by_index_then_by_name_at_info() -> None:
 
 
 def test_the_flight_recorder_on_gloo_shows_where_the_ranks_part() -> None:
-    rank0, rank1 = stacks.flight_recorder(wait=0.5)
+    # the group's timeout also bounds gloo's connecting at start: 0.5 s failed in a
+    # loaded CI run (DistStoreError at init), 2 s leaves room
+    rank0, rank1 = stacks.flight_recorder(wait=2.0)
     assert rank0[0] == "last enqueued #3, last completed #2", rank0
     assert rank1[0] == "last enqueued #2, last completed #2", rank1
     assert rank0[-1].startswith("  #3 gloo:all_reduce Float[] from log_loss_on_rank_0")

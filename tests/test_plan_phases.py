@@ -81,7 +81,9 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """`python -m distcourse.plan.phases --quick --append FILE` on this CPU."""
     path = tmp_path_factory.mktemp("rows") / "rows.json"
     path.write_text(json.dumps({"about": "", "rows": []}))
-    assert phases.main(["--quick", "--append", str(path)]) == 0
+    # --device cpu: a worker where another test file registered the emulated device
+    # would otherwise measure on it
+    assert phases.main(["--quick", "--device", "cpu", "--append", str(path)]) == 0
     return json.loads(path.read_text())["rows"]
 
 

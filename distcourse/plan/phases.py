@@ -397,9 +397,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="a small shape, any device"
     )
+    parser.add_argument(
+        "--device", help="the device to measure (default: the accelerator, else cpu)"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     here = torch.accelerator.is_available()
     device = torch.accelerator.current_accelerator() if here else torch.device("cpu")
+    device = torch.device(args.device) if args.device else device
     if device.type == "cpu" and not args.quick:
         print("no GPU here: give --quick for a small shape on the CPU")
         return 2
