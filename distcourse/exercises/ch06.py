@@ -70,8 +70,8 @@ def check_boxing_bytes(answer: object) -> bool:
         transfer_bytes(split(0), split(1), SHAPE, RANKS, 4),
         hint="S(0) -> S(1) is an all_to_all: rank 0 sends its own piece (2 rows x "
         "3 columns x 4 bytes) less the part it keeps, its S(1) column (3 columns "
-        "on 4 ranks: 1, 1, 1, 0), after an all_gather of the pieces' sizes (one "
-        "int64 per rank, forwarded n - 1 times)",
+        "on 4 ranks: 1, 1, 1, 0); the pieces' sizes follow from the logical shape, "
+        "so none travel",
     )
 
 
