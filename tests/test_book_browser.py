@@ -305,6 +305,7 @@ READ = [
     "03_data_parallel",
     "03b_ddp_in_practice",
     "04_tensor_parallel",
+    "05_pipeline",
     "06_global_tensor",
     "07_global_backward",
     "08_hybrid",
