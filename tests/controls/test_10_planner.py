@@ -70,7 +70,13 @@ MEASURED = [
     "ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)",
     'stream = ranks.pull("STREAM", 0)',
     "RUNS = {name: measure.run(name, CFG, batches)",
+    'MiB, runs = 2**20, [ranks.pull("RUNS", r)',
     "every rank's wire and activation bytes == the plan's",
+]
+H200_ROWS = [  # the plan of every H200 row: its row, the table, the verdicts
+    "def plan_row(r, spec, p, ratio)",
+    "rows.append(plan_row(r, spec, p, ratio))",
+    "every H200 row's peak",
 ]
 
 
@@ -263,13 +269,13 @@ FAULTS = {
     "no loss region": Fault(
         [
             "ROWS = json.loads(",
-            "every H200 row's peak",
+            *H200_ROWS,
             "MiB, FUSED = 2**20, plan.DTypePolicy",
         ],
         Plant(plan_memory, "loss_bytes", no_loss_region),
     ),
     "autocast as bf16": Fault(
-        ["ROWS = json.loads(", "every H200 row's peak"],
+        ["ROWS = json.loads(", *H200_ROWS],
         Plant(plan, "DTypePolicy", amp_as_bf16, wrap=True),
     ),
     # three faults in one run of the measured cells (the costliest): each verdict
