@@ -397,3 +397,20 @@ def test_bf16_activations_are_the_planners() -> None:
     policy, cpu = plan.DTypePolicy("bf16"), plan.local(0.0, 0.0, 1e9, 2**30, 1)
     want = plan.rank_memory(spec, 4, policy, plan.PlanLayout(), 0, cpu)
     assert measured == want["activations"]
+
+
+def test_a_machine_of_gpu_ranks_plans_the_gpus_attention_kernels() -> None:
+    """CPU ranks keep the math kernel's bytes; ranks on a GPU (the emulated one
+    stands for an H100/H200) keep the fused kernel's, random-number state included:
+    chapter 10's measured run on the emulated box missed the plan by 16 bytes a
+    layer while its machine was planned as a CPU."""
+    assert plan.arch_of("cpu") == "cpu"
+    assert plan.arch_of("gpu:0") == "sm90"
+    cpu = plan.local(1e-5, 1e-9, 1e9, 2**30, 4)
+    gpu = plan.local(1e-5, 1e-9, 1e9, 2**30, 4, arch=plan.arch_of("gpu:0"))
+    assert (cpu.arch, gpu.arch) == ("cpu", "sm90")
+    spec = plan.ModelSpec(layers=2, hidden=64, heads=4, seq=32, vocab=256)
+    fp32 = plan.DTypePolicy("fp32", "fp32", "adamw")
+    on_cpu = plan.predict(spec, 4, fp32, plan.PlanLayout(), cpu)
+    on_gpu = plan.predict(spec, 4, fp32, plan.PlanLayout(), gpu)
+    assert on_cpu.memory["activations"] != on_gpu.memory["activations"]

@@ -21,6 +21,7 @@ from distcourse.plan.checks import check
 from distcourse.plan.hardware import (
     GPUS,
     Hardware,
+    arch_of,
     copy_rate,
     local,
     matmul_rate,
@@ -42,6 +43,7 @@ __all__ = [
     "candidates",
     "check",
     "copy_rate",
+    "arch_of",
     "local",
     "matmul_rate",
     "model_state",

@@ -70,7 +70,7 @@ from typing import Any
 import torch
 
 from distcourse import clock
-from distcourse.parallel.tensor.dtypes import Precision
+from distcourse.parallel.tensor.dtypes import Precision, rules_for
 from distcourse.plan.spec import DTypePolicy, from_plain
 
 GB = 10**9
@@ -243,9 +243,13 @@ def local(
     ranks: int,
     name: str = "this machine",
     bandwidth: float = 1e10,
+    arch: str = "cpu",
 ) -> Hardware:
-    """The reader's machine: `ranks` CPU ranks in one node, measured alpha, beta,
-    matmul rate and (`copy_rate`) memory bandwidth (10 GB/s if not given)."""
+    """The reader's machine: `ranks` ranks in one node, measured alpha, beta,
+    matmul rate and (`copy_rate`) memory bandwidth (10 GB/s if not given); `arch`
+    whose attention kernels they run (`arch_of` their device: "cpu" for CPU ranks,
+    "sm90" on an H100/H200 or the emulated GPU, whose fused kernels keep their
+    random-number state)."""
     return Hardware(
         name=name,
         flops_fp32=flops,
@@ -263,9 +267,17 @@ def local(
         beta_node=beta,
         alpha_network=alpha,
         beta_network=beta,
-        arch="cpu",
+        arch=arch,
         source="measured: comm.costmodel fit, plan.hardware.matmul_rate, copy_rate",
     )
+
+
+def arch_of(device: torch.device | str) -> str:
+    """`Hardware.arch` for ranks on `device`: "cpu", or "sm<major><minor>" of the
+    GPU's compute capability (`dtypes.rules_for`: a CUDA GPU's own, 9.0 for the
+    emulated one, which chooses attention kernels as an H100/H200 does)."""
+    kind, (major, minor) = rules_for(device)
+    return "cpu" if kind == "cpu" else f"sm{major}{minor}"
 
 
 def matmul_rate(
