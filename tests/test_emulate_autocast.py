@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distcourse import emulate
+from distcourse import emulate, torchcompat
 from distcourse.emulate import autocast, kernels
 
 emulate.setup()
@@ -24,7 +24,8 @@ def test_the_policy_is_read_from_torchs_header() -> None:
     policy = autocast.read_policy()
     assert ("softmax", "int") in policy["fp32_set_opt_dtype"]
     assert ("layer_norm", "default") in policy["fp32"]
-    assert ("rms_norm", "default") in policy["fp32"]
+    if torchcompat.at_least("2.14"):  # 2.11's header lists no rms_norm
+        assert ("rms_norm", "default") in policy["fp32"]
     assert ("mm", "default") in policy["lower_precision_fp"]
     assert ("norm", "Scalar") in policy["fp32_append_dtype"]
     assert kernels.MISSING == []  # every entry names an op of this torch
