@@ -120,6 +120,15 @@ def test_finish_prints_the_run_then_refuses_to_store_a_busy_one(
     assert '"data": {"a": 1}' in capsys.readouterr().out
 
 
+def test_configured_picks_the_quick_config_with_the_stored_run_options() -> None:
+    """--quick picks the first config, its absence the second; --json, --store and
+    --keep-busy come with it, as `parser` gives them."""
+    cfg, args = record.configured("z", "z", ["--quick", "--json"], "q", ("a", "b"))
+    assert cfg == "a" and args.json and not args.store
+    cfg, args = record.configured("z", "z", ["--store", "--keep-busy"], "q", ("a", "b"))
+    assert cfg == "b" and args.store and args.keep_busy and not args.quick
+
+
 def _spin(seconds: float) -> float:
     """Spin for `seconds` of wall time; return this rank's processor seconds."""
     start, cpu = time.monotonic(), time.process_time()

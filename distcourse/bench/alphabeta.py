@@ -154,10 +154,9 @@ def report(stored: record.Stored | None, live: dict[str, Any] | None = None) -> 
 
 
 def main(argv: list[str]) -> int:
-    parser = record.parser("alphabeta", NAME)
-    parser.add_argument("--quick", action="store_true", help="3 sizes, 2 repeats")
-    args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else Config()
+    cfg, args = record.configured(
+        "alphabeta", NAME, argv, "3 sizes, 2 repeats", (QUICK, Config())
+    )
     with record.Quiet() as quiet:
         data = measure_all(cfg)
 

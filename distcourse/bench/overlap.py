@@ -143,10 +143,9 @@ def report(stored: record.Stored | None, live: dict[str, Any] | None = None) -> 
 
 
 def main(argv: list[str]) -> int:
-    parser = record.parser("overlap", NAME)
-    parser.add_argument("--quick", action="store_true", help="a small model, 3 steps")
-    args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else Config()
+    cfg, args = record.configured(
+        "overlap", NAME, argv, "a small model, 3 steps", (QUICK, Config())
+    )
     with record.Quiet() as quiet:
         data = measure(cfg)
     return record.finish(

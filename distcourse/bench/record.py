@@ -286,6 +286,17 @@ def parser(name: str, stored: str) -> argparse.ArgumentParser:
     return made
 
 
+def configured(
+    name: str, stored: str, argv: list[str], quick: str, configs: tuple[Any, Any]
+) -> tuple[Any, argparse.Namespace]:
+    """Parse `argv` with `parser`'s options and --quick (`quick`: its help): the
+    config (`configs`' first with --quick, else its second) and the options."""
+    made = parser(name, stored)
+    made.add_argument("--quick", action="store_true", help=quick)
+    args = made.parse_args(argv)
+    return configs[0] if args.quick else configs[1], args
+
+
 def finish(
     name: str,
     data: dict[str, Any],

@@ -218,10 +218,9 @@ def gap_line(g: dict[str, float]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = record.parser("scaling", NAME)
-    parser.add_argument("--quick", action="store_true", help="tiny model, few steps")
-    args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else Config()
+    cfg, args = record.configured(
+        "scaling", NAME, argv, "tiny model, few steps", (QUICK, Config())
+    )
     with record.Quiet() as quiet:
         rows = run(cfg)
 
