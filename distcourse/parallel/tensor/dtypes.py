@@ -138,13 +138,7 @@ class Precision:
         `sdpa_kernel(...)`), else with every kernel enabled (torch's default)."""
         if not live:
             return _default_kernel(self, head_dim)
-        return sdpa.choose_kernel(
-            self.device,
-            self.matmul_dtype,
-            head_dim,
-            causal=True,
-            capability=self.capability,
-        )
+        return _causal_kernel(self, head_dim, enabled=None)
 
     def attention(
         self, batch: int, heads: int, seq: int, head_dim: int, live: bool = False
@@ -165,13 +159,21 @@ def _table(policy: str, device: str) -> dict[str, int]:
 @functools.lru_cache(maxsize=1024)
 def _default_kernel(precision: Precision, head_dim: int) -> str:
     """The kernel with every kernel enabled (what a plan assumes), remembered."""
+    return _causal_kernel(precision, head_dim, enabled=frozenset(sdpa.KERNELS))
+
+
+def _causal_kernel(
+    precision: Precision, head_dim: int, enabled: frozenset[str] | None
+) -> str:
+    """`sdpa.choose_kernel` for causal self-attention in this precision, among the
+    kernels `enabled` (None: torch's switches now)."""
     return sdpa.choose_kernel(
         precision.device,
         precision.matmul_dtype,
         head_dim,
         causal=True,
         capability=precision.capability,
-        enabled=frozenset(sdpa.KERNELS),
+        enabled=enabled,
     )
 
 
