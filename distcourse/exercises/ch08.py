@@ -16,7 +16,12 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
+from torch import nn
+
 from distcourse.examples.gpt import GPTConfig
+from distcourse.exercises.ch06 import MATMUL
 from distcourse.exercises.core import (
     Problem,
     check_answer,
@@ -24,21 +29,45 @@ from distcourse.exercises.core import (
     check_table,
     plain,
 )
+from distcourse.global_tensor.layouts import DATA, dp_tp_plan
 from distcourse.parallel.hybrid.cost import memory_per_rank, parameters_held
 from distcourse.parallel.hybrid.layout import Layout, check
 
 EXERCISES = ("groups", "layout", "parameters_held", "dp_tp_plan")
 MODEL = GPTConfig(vocab=32000, block_size=1024, n_layer=8, n_head=16, n_embd=1024)
 BUDGET, NODE = 2**29, 4  # bytes of model state per rank; GPUs per machine
-PLAN = {
-    "data": ("S(0)", "B"),
-    "fc.weight": ("B", "S(0)"),
-    "fc.bias": ("B", "S(0)"),
-    "hidden": ("S(0)", "S(1)"),
-    "proj.weight": ("B", "S(1)"),
-    "proj output before its bias": ("S(0)", "P"),
-    "proj.bias": ("B", "B"),
-}
+
+
+def _times(x: tuple[str, ...], weight: tuple[str, ...]) -> tuple[str, ...]:
+    """The signature of `x @ weight.T` (nn.Linear's product): chapter 6's matmul
+    rule (`ch06.MATMUL`) on each mesh dimension, the weight's split transposed."""
+    flip = {"S(0)": "S(1)", "S(1)": "S(0)"}
+    pairs = zip(x, weight, strict=True)
+    return tuple(MATMUL[f"{a} x {flip.get(w, w)}"] for a, w in pairs)
+
+
+def _plan() -> dict[str, tuple[str, ...]]:
+    """Chapter 8b's plan of its MLP, from the code the chapter runs: the
+    parameters' signatures as `layouts.dp_tp_plan` writes them (fc column-, proj
+    row-parallel), the data's (`layouts.DATA`), and each product's by `_times`.
+    The solution, written out by hand, checks them."""
+    mlp = nn.Sequential(OrderedDict(fc=nn.Linear(4, 8), proj=nn.Linear(8, 4)))
+    plan = dp_tp_plan(mlp, column=["fc"], row=["proj"])
+    sig = {name: tuple(map(repr, s)) for name, s in plan.items()}
+    data = tuple(map(repr, DATA))
+    hidden = _times(data, sig["fc.weight"])
+    return {
+        "data": data,
+        "fc.weight": sig["fc.weight"],
+        "fc.bias": sig["fc.bias"],
+        "hidden": hidden,
+        "proj.weight": sig["proj.weight"],
+        "proj output before its bias": _times(hidden, sig["proj.weight"]),
+        "proj.bias": sig["proj.bias"],
+    }
+
+
+PLAN = _plan()  # each key's signature on the 2 x 2 placement, e.g. ("S(0)", "B")
 
 
 def _groups(layout: Layout, rank: int) -> dict[str, list[int]]:
