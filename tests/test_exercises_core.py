@@ -14,16 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distcourse.exercises import (
-    AnswerError,
-    Problem,
-    call,
-    check_answer,
-    check_number,
-    check_on_ranks,
-    compare,
-    core,
-)
+from distcourse.exercises import core
 
 HINT = "a hint for the reader"
 
@@ -36,37 +27,37 @@ def _line(capsys: pytest.CaptureFixture) -> str:
 
 
 def test_number_passes_fails_and_names_a_wrong_type(capsys) -> None:
-    assert check_number("t.n", 12.0, 12, hint=HINT)
+    assert core.check_number("t.n", 12.0, 12, hint=HINT)
     assert _line(capsys) == "t.n: PASS"
-    assert not check_number("t.n", 13, 12, hint=HINT)
+    assert not core.check_number("t.n", 13, 12, hint=HINT)
     assert _line(capsys) == f"t.n: FAIL — 13 is too large — hint: {HINT}"
     for bad, words in [("12", "got str"), (True, "got bool"), (float("nan"), "finite")]:
-        assert not check_number("t.n", bad, 12, hint=HINT)
+        assert not core.check_number("t.n", bad, 12, hint=HINT)
         assert words in _line(capsys)
-    assert check_number("t.n", torch.tensor(12.0), 12, hint=HINT)
+    assert core.check_number("t.n", torch.tensor(12.0), 12, hint=HINT)
     assert _line(capsys) == "t.n: PASS"
 
 
 def test_a_placeholder_gets_the_hint_and_no_verdict(capsys) -> None:
     for check in (
-        lambda: check_number("t.x", None, 1, hint=HINT),
-        lambda: check_answer("t.x", None, lambda a: None, hint=HINT),
-        lambda: check_on_ranks("t.x", None, _sum_probe, 2, hint=HINT),
+        lambda: core.check_number("t.x", None, 1, hint=HINT),
+        lambda: core.check_answer("t.x", None, lambda a: None, hint=HINT),
+        lambda: core.check_on_ranks("t.x", None, _sum_probe, 2, hint=HINT),
     ):
         assert check() is False
         assert _line(capsys) == f"t.x: not answered yet — hint: {HINT}"
 
 
-def _judge(answer: object) -> Problem:
-    return None if call(answer, 3) == 9 else "square(3) should be 9"
+def _judge(answer: object) -> core.Problem:
+    return None if core.call(answer, 3) == 9 else "square(3) should be 9"
 
 
 def test_answer_judged_in_process_with_the_readers_exception_named(capsys) -> None:
-    assert check_answer("t.sq", lambda x: x * x, _judge, hint=HINT)
+    assert core.check_answer("t.sq", lambda x: x * x, _judge, hint=HINT)
     assert _line(capsys) == "t.sq: PASS"
-    assert not check_answer("t.sq", lambda x: x + x, _judge, hint=HINT)
+    assert not core.check_answer("t.sq", lambda x: x + x, _judge, hint=HINT)
     assert "square(3) should be 9" in _line(capsys)
-    assert not check_answer("t.sq", lambda x: x / 0, _judge, hint=HINT)
+    assert not core.check_answer("t.sq", lambda x: x / 0, _judge, hint=HINT)
     assert "your function raised ZeroDivisionError" in _line(capsys)
 
 
@@ -77,25 +68,25 @@ def _loops(x: int) -> int:
 
 def test_an_answer_that_loops_is_stopped(capsys, monkeypatch) -> None:
     monkeypatch.setattr(core, "IN_PROCESS_LIMIT", 0.2)
-    assert not check_answer("t.sq", _loops, _judge, hint=HINT)
+    assert not core.check_answer("t.sq", _loops, _judge, hint=HINT)
     assert "your answer ran longer than 0.2 s" in _line(capsys)
 
 
 def test_compare_says_type_shape_then_values() -> None:
     want = torch.ones(3)
-    assert compare(want.clone(), want, "x") is None
-    assert "should be a tensor" in compare([1, 1, 1], want, "x")
-    assert "shape (2,), expected (3,)" in compare(torch.ones(2), want, "x")
-    assert "off by up to 1" in compare(torch.zeros(3), want, "x")
-    assert "off by" in compare(torch.full((3,), float("nan")), want, "x")
-    with pytest.raises(AnswerError, match="raised KeyError"):
-        call(lambda: {}[1])
+    assert core.compare(want.clone(), want, "x") is None
+    assert "should be a tensor" in core.compare([1, 1, 1], want, "x")
+    assert "shape (2,), expected (3,)" in core.compare(torch.ones(2), want, "x")
+    assert "off by up to 1" in core.compare(torch.zeros(3), want, "x")
+    assert "off by" in core.compare(torch.full((3,), float("nan")), want, "x")
+    with pytest.raises(core.AnswerError, match="raised KeyError"):
+        core.call(lambda: {}[1])
 
 
-def _sum_probe(answer: object) -> Problem:
+def _sum_probe(answer: object) -> core.Problem:
     x = torch.tensor([float(dist.get_rank() + 1)])
-    got = call(answer, x)
-    return compare(got, torch.tensor([3.0]), "the sum")
+    got = core.call(answer, x)
+    return core.compare(got, torch.tensor([3.0]), "the sum")
 
 
 def _summed(x: torch.Tensor) -> torch.Tensor:
@@ -116,7 +107,7 @@ def _exits(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_on_ranks_every_outcome_is_one_line_and_leaves_no_process(capsys) -> None:
-    run = lambda answer: check_on_ranks(  # noqa: E731
+    run = lambda answer: core.check_on_ranks(  # noqa: E731
         "t.sum", answer, _sum_probe, 2, hint=HINT, timeout=2.0, limit=20.0
     )
     assert run(_summed)

@@ -9,7 +9,8 @@ exercise (`solutions.ch02.ring_all_reduce` for `ch02.check_ring_all_reduce`); th
 book folds them away in its appendix, and tests/test_exercises_chapters.py runs each
 solution (it must pass) and a wrong answer (it must fail, with its hint).
 
-How a chapter module is written (the whole pattern; `core` has the helpers)::
+How a chapter module is written (the whole pattern; the helpers live in
+`distcourse.exercises.core` only, and every chapter and test imports them from there)::
 
     '''Chapter 12's exercises: ... (one line per exercise).'''
     import torch
@@ -54,27 +55,3 @@ code ends within the collective timeout, an exception is reported as one sentenc
 with its rank, and no rank outlives the check. Keep the numbers in a check's
 docstring: the notebook cell that states the exercise names them.
 """
-
-from distcourse.exercises.core import (
-    AnswerError,
-    Problem,
-    call,
-    check_answer,
-    check_number,
-    check_on_ranks,
-    check_table,
-    compare,
-    functions,
-)
-
-__all__ = [
-    "AnswerError",
-    "Problem",
-    "call",
-    "check_answer",
-    "check_number",
-    "check_on_ranks",
-    "check_table",
-    "compare",
-    "functions",
-]
