@@ -25,10 +25,11 @@ def max_difference(a: nn.Module, b: nn.Module) -> float:
     return (flat_parameters(a) - flat_parameters(b)).abs().max().item()
 
 
-def max_over_ranks(value: float) -> float:
-    """The largest `value` any rank holds (a collective: every rank calls it)."""
+def max_over_ranks(value: float, group: dist.ProcessGroup | None = None) -> float:
+    """The largest `value` any rank of `group` (default: the world) holds (a
+    collective: every rank of it calls it, and prints the group's verdict)."""
     worst = torch.tensor([float(value)], dtype=torch.float64, device=runtime.device())
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
     return worst.item()
 
 

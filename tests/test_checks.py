@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from distcourse import checks, runtime
 from distcourse.examples import models
@@ -19,20 +20,23 @@ def test_a_pass_hides_the_noise_and_a_fail_shows_the_value() -> None:
         checks.verdict(0.0, 0)
 
 
-def _rank_values() -> tuple[float, bool, float]:
+def _rank_values() -> tuple[float, float | None, bool, bool]:
     rank = runtime.require_initialized().rank
     worst = checks.max_over_ranks(0.5 * rank)
+    pair = dist.new_group([0, 1])  # every rank makes it; ranks 0 and 1 use it
+    in_pair = checks.max_over_ranks(0.5 * rank, pair) if rank < 2 else None
     torch.manual_seed(0)
     model = models.toy_mlp()
     same = replicas.same_on_all_ranks(model)
     with torch.no_grad():
         model[0].bias[0] += rank  # rank 0 keeps its weights; the others move theirs
-    return worst, same, replicas.same_on_all_ranks(model)
+    return worst, in_pair, same, replicas.same_on_all_ranks(model)
 
 
 def test_max_over_ranks_and_same_on_all_ranks_on_three_ranks() -> None:
+    """The largest value over the world, and over a group (rank 2's 1.0 left out)."""
     results = spawn(_rank_values, 3, timeout=10)
-    assert results == [(1.0, True, False)] * 3
+    assert results == [(1.0, 0.5, True, False)] * 2 + [(1.0, None, True, False)]
 
 
 def test_outcomes_says_how_each_case_ended_and_lets_other_errors_through() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 from distcourse import checks, runtime
 from distcourse.comm.ledger import Ledger
@@ -44,6 +44,21 @@ def _layer_loss(moe: MoE, x: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     return y, ((y - target) ** 2).mean() + AUX_WEIGHT * moe.aux
 
 
+def skewed_on_device(
+    moe: nn.Module, skew: float, shape: tuple[int, ...]
+) -> tuple[Tensor, Tensor]:
+    """Tilt the layer's gate towards expert 0 by `skew` (uneven counts; past a
+    capacity, drops), move it to the rank's device, and draw inputs of `shape`
+    (mean 1, so the tilt bites) and a target for one batch (`shape`'s last two
+    dims): drawn on the host, so every device draws the same, then moved."""
+    with torch.no_grad():
+        moe.gate.weight[0] += skew / shape[-1]
+    dev = runtime.device()
+    moe.to(dev)
+    x = (torch.randn(shape) + 1.0).to(dev)
+    return x, torch.randn(shape[-2:]).to(dev)
+
+
 def layer_against_one_process(
     top_k: int = 1,
     capacity_factor: float = 1.25,
@@ -62,12 +77,7 @@ def layer_against_one_process(
     n, me = dist.get_world_size(group), dist.get_rank(group)
     torch.manual_seed(seed)
     moe = MoE(n_embd, n_experts, top_k, capacity_factor)
-    with torch.no_grad():
-        moe.gate.weight[0] += skew / n_embd
-    dev = runtime.device()  # drawn on the host, moved to the rank's device
-    moe.to(dev)
-    x = (torch.randn(n * tokens, n_embd) + 1.0).to(dev)  # (n T, C); mean 1: skew
-    target = torch.randn(n * tokens, n_embd).to(dev)
+    x, target = skewed_on_device(moe, skew, (n * tokens, n_embd))  # (n T, C)
     alone = as_reference(moe, n)
     shard_experts(moe, group)
     mine = slice(me * tokens, (me + 1) * tokens)

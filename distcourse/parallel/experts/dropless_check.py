@@ -12,6 +12,7 @@ split sizes the dispatch sent. `dropless_lines` prints the verdicts.
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,7 @@ from torch import Tensor
 from distcourse import checks, runtime
 from distcourse.comm.ledger import Ledger
 from distcourse.parallel.experts import cost
+from distcourse.parallel.experts.check import skewed_on_device
 from distcourse.parallel.experts.dropless import DroplessMoE, shard_dropless
 
 TOL = 1e-5  # float32 sums in another order differ by about 1e-7
@@ -35,14 +37,6 @@ def _on_every_rank(ok: bool, group: dist.ProcessGroup | None) -> bool:
     flag = torch.tensor([int(ok)], device=runtime.device())
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
-
-
-def _worst(value: float, group: dist.ProcessGroup | None) -> float:
-    """The largest value over the group's ranks (one all-reduce, MAX): every rank
-    prints the group's verdict."""
-    t = torch.tensor([value], dtype=torch.float64, device=runtime.device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.item()
 
 
 def _weights_are_scores(moe: DroplessMoE, x: Tensor) -> bool:
@@ -87,12 +81,7 @@ def dropless_against_one_process(
         score=score,
         balance_rate=balance_rate,
     )
-    with torch.no_grad():
-        moe.gate.weight[0] += skew / n_embd
-    dev = runtime.device()  # drawn on the host, moved to the rank's device
-    moe.to(dev)
-    xs = (torch.randn(steps, n * tokens, n_embd) + 1.0).to(dev)  # mean 1: skew
-    target = torch.randn(n * tokens, n_embd).to(dev)
+    xs, target = skewed_on_device(moe, skew, (steps, n * tokens, n_embd))
     alone = copy.deepcopy(moe)
     shard_dropless(moe, group)
     mine = slice(me * tokens, (me + 1) * tokens)
@@ -123,11 +112,12 @@ def dropless_against_one_process(
     matrix = cost.dispatch_matrix(
         alone.expert.tolist(), alone.token.tolist(), tokens, moe.w1.shape[0], n
     )
+    worst = functools.partial(checks.max_over_ranks, group=group)  # group's verdict
     return {
-        "out_diff": _worst((out - ref_out[mine]).abs().max().item(), group),
+        "out_diff": worst((out - ref_out[mine]).abs().max().item()),
         "loss_diff": abs(total.item() / n - ref_loss.item()),
-        "grad_diff": _worst(max((a - b).abs().max().item() for a, b in grads), group),
-        "bias_diff": _worst((moe.bias - alone.bias).abs().max().item(), group),
+        "grad_diff": worst(max((a - b).abs().max().item() for a, b in grads)),
+        "bias_diff": worst((moe.bias - alone.bias).abs().max().item()),
         "bias": alone.bias.tolist(),
         "weights_ok": _on_every_rank(weights_ok, group),
         "balanced": balance_rate > 0 and steps > 1,
