@@ -49,6 +49,14 @@ def _collectives(on_device: bool) -> dict:
     a = torch.empty(2, device=d)
     dist.all_to_all_single(a, torch.tensor([10.0 * r, 10.0 * r + 1], device=d), group=g)
     out["all_to_all"] = a.cpu()
+    root = r == 0
+    got = [torch.empty(2, device=d) for _ in range(2)] if root else None
+    dist.gather(torch.full((2,), float(r), device=d), got, dst=0, group=g)
+    out["gather"] = torch.cat([p.cpu() for p in got]) if root else torch.empty(0)
+    pieces = [torch.full((2,), 10.0 + i, device=d) for i in range(2)] if root else None
+    mine = torch.empty(2, device=d)
+    dist.scatter(mine, pieces, src=0, group=g)
+    out["scatter"] = mine.cpu()
     dist.barrier(group=g)
     return out
 
@@ -81,11 +89,34 @@ def _host_tensor() -> None:
     dist.all_reduce(torch.ones(2), group=_group())
 
 
+def _host_tensors_in_lists() -> list[str]:
+    """A host tensor on every rank in each collective with a list of lists on one
+    side (outputs of all_gather and gather, inputs of scatter): every rank is
+    refused before it sends, and the refusal names the op."""
+    g, d = _group(), runtime.device()
+    host, devs = torch.ones(2), [torch.ones(2, device=d) for _ in range(2)]
+    root = devs if dist.get_rank() == 0 else None
+    said = []
+    for call in (
+        lambda: dist.all_gather([host, host], devs[0], group=g),
+        lambda: dist.gather(host, root, group=g),
+        lambda: dist.scatter(host, root, group=g),
+    ):
+        try:
+            call()
+        except RuntimeError as err:
+            said.append(str(err).splitlines()[0])
+    return said
+
+
 def test_host_tensor_in_a_collective_is_refused_with_nccls_message() -> None:
     with pytest.raises(
         RankError, match="No backend type associated with device type cpu"
     ):
         spawn(_host_tensor, 2, backend="emulated", timeout=10)
+    for said in spawn(_host_tensors_in_lists, 2, backend="emulated", timeout=10):
+        ops = ("allgather", "gather", "scatter")
+        assert [line.split(", ")[1].split()[0] for line in said] == list(ops), said
 
 
 def _tags_relied_on() -> None:

@@ -116,13 +116,37 @@ class EmulatedNccl(PointToPoint, dist.ProcessGroup):
         self._name = ""
         self.track()
 
-    def _host(self, t: torch.Tensor) -> torch.Tensor:
-        """The host data of a device tensor; a host tensor gets NCCL's refusal."""
-        frame = sys._getframe(1)
-        while frame.f_back is not None and frame.f_code.co_name.startswith("<"):
-            frame = frame.f_back  # a comprehension's frame: its op is the caller
-        refuse_host(t, self._me, frame.f_code.co_name)
+    def _host(self, t: torch.Tensor, op: str | None = None) -> torch.Tensor:
+        """The host data of a device tensor; a host tensor gets NCCL's refusal,
+        naming `op` (default: the calling method's name)."""
+        if op is None:
+            frame = sys._getframe(1)
+            while frame.f_back is not None and frame.f_code.co_name.startswith("<"):
+                frame = frame.f_back  # a comprehension's frame: its op is the caller
+            op = frame.f_code.co_name
+        refuse_host(t, self._me, op)
         return _device.host_data(t)
+
+    def _nested(
+        self, what: str, op: str, outputs: list, inputs: list, opts: Any
+    ) -> dist.Work:
+        """gloo's `op` (gather, allgather, scatter) on host copies, where one side
+        is a list of lists of tensors (a root's or every rank's): `_run` is given
+        that side flat."""
+
+        def hosts(given: list) -> list:
+            return [
+                hosts(t) if isinstance(t, list) else self._host(t, op) for t in given
+            ]
+
+        def flat(given: list) -> list:
+            return [t for x in given for t in (x if isinstance(x, list) else [x])]
+
+        h_out, h_in = hosts(outputs), hosts(inputs)
+        call = getattr(self._gloo, op)
+        return self._run(
+            what, flat(h_out), flat(h_in), lambda: call(h_out, h_in, opts).wait()
+        )
 
     def _set_group_name(self, name: str) -> None:
         self._name = name  # c10d names a group; a Python group keeps the name itself
@@ -230,15 +254,7 @@ class EmulatedNccl(PointToPoint, dist.ProcessGroup):
         )
 
     def allgather(self, outputs: list, inputs: list, opts: Any) -> dist.Work:
-        h_out = [[self._host(t) for t in out] for out in outputs]
-        h_in = [self._host(t) for t in inputs]
-        flat = [t for out in h_out for t in out]
-        return self._run(
-            "all_gather",
-            flat,
-            h_in,
-            lambda: self._gloo.allgather(h_out, h_in, opts).wait(),
-        )
+        return self._nested("all_gather", "allgather", outputs, inputs, opts)
 
     def all_gather_single(self, output: Any, input: Any, opts: Any) -> dist.Work:
         ho, hi = self._host(output), self._host(input)
@@ -309,23 +325,10 @@ class EmulatedNccl(PointToPoint, dist.ProcessGroup):
         return self._run("all_to_all", h_out, h_in, run)
 
     def gather(self, outputs: list, inputs: list, opts: Any) -> dist.Work:
-        h_out = [[self._host(t) for t in out] for out in outputs]
-        h_in = [self._host(t) for t in inputs]
-        flat = [t for out in h_out for t in out]
-        return self._run(
-            "gather", flat, h_in, lambda: self._gloo.gather(h_out, h_in, opts).wait()
-        )
+        return self._nested("gather", "gather", outputs, inputs, opts)
 
     def scatter(self, outputs: list, inputs: list, opts: Any) -> dist.Work:
-        h_out = [self._host(t) for t in outputs]
-        h_in = [[self._host(t) for t in ins] for ins in inputs]
-        flat = [t for ins in h_in for t in ins]
-        return self._run(
-            "scatter",
-            h_out,
-            flat,
-            lambda: self._gloo.scatter(h_out, h_in, opts).wait(),
-        )
+        return self._nested("scatter", "scatter", outputs, inputs, opts)
 
     def barrier(self, opts: Any) -> dist.Work:
         timing.note_device_work("barrier", self._me)
