@@ -44,17 +44,16 @@ def _layer_loss(moe: MoE, x: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     return y, ((y - target) ** 2).mean() + AUX_WEIGHT * moe.aux
 
 
-def skewed_on_device(
+def skewed_inputs(
     moe: nn.Module, skew: float, shape: tuple[int, ...]
 ) -> tuple[Tensor, Tensor]:
     """Tilt the layer's gate towards expert 0 by `skew` (uneven counts; past a
-    capacity, drops), move it to the rank's device, and draw inputs of `shape`
-    (mean 1, so the tilt bites) and a target for one batch (`shape`'s last two
-    dims): drawn on the host, so every device draws the same, then moved."""
+    capacity, drops) and draw inputs of `shape` (mean 1, so the tilt bites) and a
+    target for one batch (`shape`'s last two dims): drawn on the host, so every
+    device draws the same, then moved to the rank's device (the layer is not)."""
     with torch.no_grad():
         moe.gate.weight[0] += skew / shape[-1]
     dev = runtime.device()
-    moe.to(dev)
     x = (torch.randn(shape) + 1.0).to(dev)
     return x, torch.randn(shape[-2:]).to(dev)
 
@@ -77,7 +76,8 @@ def layer_against_one_process(
     n, me = dist.get_world_size(group), dist.get_rank(group)
     torch.manual_seed(seed)
     moe = MoE(n_embd, n_experts, top_k, capacity_factor)
-    x, target = skewed_on_device(moe, skew, (n * tokens, n_embd))  # (n T, C)
+    x, target = skewed_inputs(moe, skew, (n * tokens, n_embd))  # (n T, C)
+    moe.to(runtime.device())
     alone = as_reference(moe, n)
     shard_experts(moe, group)
     mine = slice(me * tokens, (me + 1) * tokens)

@@ -21,7 +21,7 @@ from torch import Tensor
 from distcourse import checks, runtime
 from distcourse.comm.ledger import Ledger
 from distcourse.parallel.experts import cost
-from distcourse.parallel.experts.check import skewed_on_device
+from distcourse.parallel.experts.check import skewed_inputs
 from distcourse.parallel.experts.dropless import DroplessMoE, shard_dropless
 
 TOL = 1e-5  # float32 sums in another order differ by about 1e-7
@@ -81,7 +81,8 @@ def dropless_against_one_process(
         score=score,
         balance_rate=balance_rate,
     )
-    xs, target = skewed_on_device(moe, skew, (steps, n * tokens, n_embd))
+    xs, target = skewed_inputs(moe, skew, (steps, n * tokens, n_embd))
+    moe.to(runtime.device())
     alone = copy.deepcopy(moe)
     shard_dropless(moe, group)
     mine = slice(me * tokens, (me + 1) * tokens)
