@@ -2,7 +2,7 @@
 loop (nanoGPT's shape) at world 1 on the same model, batch and device.
 
 The quick report runs in every `make test` (the tiny preset; its ratio only
-sanity-checked: timings move with the machine's load). The issue's bound, at most
+checked to be there: timings move with the machine's load). The issue's bound, at most
 1.05 x the plain loop for the tiny and the 124M presets on a CPU, is a timing
 test (`make test-load`, on a machine left alone)."""
 
@@ -23,7 +23,9 @@ def test_quick_json_report(capsys: pytest.CaptureFixture[str]) -> None:
     (row,) = report["table"]
     assert (row["preset"], row["batch"], row["seq"]) == ("tiny", 8, 32)
     assert row["trainer_ms"] > 0 and row["plain_ms"] > 0 and row["mfu"] is None
-    assert 0.5 < report["ratio"] == row["ratio"] < 2  # the same work, give or take
+    # the ratio's bound is the load test's below: beside other test workers the
+    # plain loop's rounds were once slowed 3.7x more than the trainer's (0.27)
+    assert report["ratio"] == row["ratio"] > 0
     (line,) = trainer.format_table(report["table"])
     assert line.startswith("tiny (0.1M, batch 8 x 32, float32): trainer ")
 
