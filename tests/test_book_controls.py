@@ -51,6 +51,41 @@ def test_a_verdict_printed_only_on_some_machines_is_not_stale_where_absent() -> 
     assert vc.stale([gpu_only, everywhere], []) == [everywhere]
 
 
+TABLE = """
+CONTROLS = harness.Controls(
+    "03_data_parallel",
+    test_it=harness.Flip(
+        ["summing"],
+        r"TinyDDP\\s+max",
+        "sums",
+        r"our DDP",
+        " sums, too ",
+        printed_on="2 GPUs",
+    ),
+    test_too=harness.Flip(["summing"], r"by hand", "sums by hand", each=True),
+)
+@pytest.mark.controls("03_data_parallel", r"torch DDP", fault="a hook that sums")
+def test_marked() -> None: ...
+"""
+
+
+def test_a_controls_table_is_read_with_its_tests_in_source_order() -> None:
+    found = vc.controls_in(TABLE, "tests/controls/test_x.py")
+    assert found[0] == vc.Control(
+        "03_data_parallel",
+        r"TinyDDP\s+max",
+        "sums",
+        "tests/controls/test_x.py::test_it",
+        "tests/controls/test_x.py:4",
+        "2 GPUs",
+    )
+    assert [(c.pattern, c.fault, c.test.split("::")[1]) for c in found[1:]] == [
+        ("our DDP", "sums, too", "test_it"),
+        ("by hand", "sums by hand", "test_too"),
+        ("torch DDP", "a hook that sums", "test_marked"),
+    ]
+
+
 # a marker the AST walk cannot read, and the words its error must say
 UNREADABLE = [
     ('STEM = "01"\n@pytest.mark.controls(STEM, "x", fault="f")\ndef test_a(): ...',
@@ -66,6 +101,13 @@ UNREADABLE = [
      "test function"),
     ('pytestmark = pytest.mark.controls("01", "x", fault="f")', "test function"),
     ("@pytest.mark.controls\ndef test_a(): ...", "with arguments"),
+    ('harness.Controls("01", test_a=Flip(["f"], "x"))', "pairs"),
+    ('harness.Controls("01", helper=Flip(["f"], "x", "f"))', "names each test"),
+    ('harness.Controls("01", test_a=Plant(["f"], "x", "f"))', "names each test"),
+    ('harness.Controls(STEM, test_a=Flip(["f"], "x", "f"))', "literal strings only"),
+    ('harness.Controls("01", test_a=Flip(["f"], "(", "f"))', "does not compile"),
+    ('harness.Controls("01", test_a=Flip(["f"], "x", " "))', "what the test plants"),
+    ('harness.Controls("01")', "test_name=Flip"),
 ]  # fmt: skip  # table
 
 

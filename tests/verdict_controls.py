@@ -12,11 +12,15 @@ find it without running anything:
     )
     def test_tinyddp_that_sums_fails() -> None: ...
 
-Markers are read from the source of every test file (an AST walk), so their
-arguments must be literal strings. tests/test_book_controls.py checks that every
-verdict of every stored notebook is matched by a control of its notebook, and that
-every control matches one; `python tests/verdict_controls.py` (`make checks-page`)
-writes the book's page listing them, book/appendix_checks.md.
+A control file may instead declare the controls that only plant and check as a
+table, `harness.Controls(stem, test_x=harness.Flip(faults, regex, fault, ...))`
+(tests/controls/harness.py): each regex with its fault's words counts as a marker
+of the test the table makes. Markers and tables are read from the source of every
+test file (an AST walk), so their arguments must be literal strings.
+tests/test_book_controls.py checks that every verdict of every stored notebook is
+matched by a control of its notebook, and that every control matches one;
+`python tests/verdict_controls.py` (`make checks-page`) writes the book's page
+listing them, book/appendix_checks.md.
 """
 
 from __future__ import annotations
@@ -98,25 +102,76 @@ def _control(call: ast.Call, test: str, where: str) -> Control:
             f"(optionally printed_on=..., for a verdict only some machines print), "
             f"got `{ast.unparse(call)}`"
         )
-    notebook = _literal(call.args[0], "notebook", where)
-    pattern = _literal(call.args[1], "regex", where)
-    fault = _literal(keywords["fault"], "fault", where)
+    notebook, pattern = call.args
+    return _read(notebook, pattern, keywords["fault"], keywords, test, where)
+
+
+def _read(
+    notebook: ast.expr,
+    pattern: ast.expr,
+    fault: ast.expr,
+    keywords: dict[str | None, ast.expr],
+    test: str,
+    where: str,
+) -> Control:
+    """A Control from its literals (a marker's or a table's); MarkerError if one is
+    not a literal string, the regex does not compile or the fault says nothing."""
+    stem = _literal(notebook, "notebook", where)
+    regex = _literal(pattern, "regex", where)
+    words = _literal(fault, "fault", where)
     try:
-        re.compile(pattern)
+        re.compile(regex)
     except re.error as err:
-        raise MarkerError(
-            f"{where}: regex {pattern!r} does not compile: {err}"
-        ) from None
-    if not fault.strip():
+        raise MarkerError(f"{where}: regex {regex!r} does not compile: {err}") from None
+    if not words.strip():
         raise MarkerError(f"{where}: fault= must say what the test plants")
     printed_on = ""
     if "printed_on" in keywords:
         printed_on = _literal(keywords["printed_on"], "printed_on", where)
-    return Control(notebook, pattern, fault.strip(), test, where, printed_on)
+    return Control(stem, regex, words.strip(), test, where, printed_on)
+
+
+def _flips_in_table(call: ast.Call, path: str) -> list[tuple[int, Control]]:
+    """The controls of one `harness.Controls(stem, test_x=harness.Flip(faults,
+    regex, fault, ...), ...)` table: each regex with its fault's words, under the
+    test the table makes (tests/controls/harness.py)."""
+    where = f"{path}:{call.lineno}"
+    if len(call.args) != 1 or not call.keywords:
+        raise MarkerError(
+            f"{where}: write harness.Controls(notebook_stem, test_name=Flip(...), "
+            f"...), got `{ast.unparse(call)}`"
+        )
+    found = []
+    for keyword in call.keywords:
+        flip, test = keyword.value, keyword.arg or ""
+        where = f"{path}:{flip.lineno}"
+        if not test.startswith("test") or not (
+            isinstance(flip, ast.Call) and _name(flip.func) == "Flip"
+        ):
+            raise MarkerError(
+                f"{where}: a Controls table names each test (test_...) with a "
+                f"harness.Flip(faults, regex, fault, ...), got `{ast.unparse(keyword)}`"
+            )
+        pairs = flip.args[1:]
+        if not pairs or len(pairs) % 2:
+            raise MarkerError(f"{where}: Flip's verdicts are (regex, fault) pairs")
+        keywords = {k.arg: k.value for k in flip.keywords}
+        for regex, fault in zip(pairs[::2], pairs[1::2], strict=True):
+            control = _read(
+                call.args[0], regex, fault, keywords, f"{path}::{test}", where
+            )
+            found.append((regex.lineno, control))
+    return found
+
+
+def _name(node: ast.expr) -> str:
+    """What a call calls: `Flip` of `harness.Flip` or of `Flip`."""
+    return getattr(node, "attr", None) or getattr(node, "id", "")
 
 
 def controls_in(source: str, path: str) -> list[Control]:
-    """The controls marked in one test file's `source` (`path` names it in messages).
+    """The controls marked in one test file's `source` (`path` names it in messages),
+    and those of its `harness.Controls` tables, in the order they are written.
 
     A marker must decorate a test function (a name starting with `test`): one written
     anywhere else (`pytestmark = ...`, a variable) is refused, not silently missed.
@@ -147,6 +202,9 @@ def controls_in(source: str, path: str) -> list[Control]:
                 "test function (def test_...)"
             )
         found.append((node.lineno, _control(call, f"{path}::{test.name}", where)))
+    for call in calls:
+        if _name(call.func) == "Controls":
+            found += _flips_in_table(call, path)
     return [control for _, control in sorted(found, key=lambda pair: pair[0])]
 
 
@@ -155,7 +213,7 @@ def find_controls(tests: Path = TESTS) -> list[Control]:
     found = []
     for path in sorted(tests.rglob("*.py")):
         source = path.read_text()
-        if "controls" in source:
+        if "controls" in source.lower():  # pytest.mark.controls, harness.Controls
             found += controls_in(source, path.relative_to(tests.parent).as_posix())
     return found
 

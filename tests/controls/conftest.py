@@ -1,6 +1,6 @@
 """The negative controls' fixtures (harness.py): `ran`, a control module's CHAPTER
-run with its FAULTS (once per module), and `flips(*faults)`, which checks every
-verdict the test's `pytest.mark.controls` markers name against it.
+run with its FAULTS (once per module), which the tests of its `harness.Controls`
+table check, and `stored_flips`, for controls judged on a stored run.
 """
 
 from __future__ import annotations
@@ -15,14 +15,6 @@ import pytest
 def ran(request: pytest.FixtureRequest) -> harness.Ran:
     """The module's CHAPTER run with its FAULTS: one spawn for the whole file."""
     return request.module.CHAPTER.run(request.module.FAULTS)
-
-
-@pytest.fixture
-def flips(request: pytest.FixtureRequest) -> Callable[..., None]:
-    """`flips(*faults)`: each marked verdict passes as written and fails under one
-    of the faults (usually one)."""
-    ran = request.getfixturevalue("ran")
-    return lambda *faults: harness.check(ran, faults, request.node)
 
 
 @pytest.fixture

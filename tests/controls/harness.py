@@ -16,9 +16,13 @@ A control file says what to run and what to break; the harness does the rest:
     def ran() -> harness.Ran:
         return CHAPTER.run(FAULTS)
 
-    @pytest.mark.controls("09_zero_fsdp", r"ZeRO-1's formula", fault="...")
-    def test_a_rank_that_owns_everything_fails(flips) -> None:
-        flips("share")
+    CONTROLS = harness.Controls(
+        "09_zero_fsdp",
+        test_a_rank_that_owns_everything_fails=harness.Flip(
+            ["share"], r"ZeRO-1's formula", "each rank owns every parameter"
+        ),
+    )
+    globals().update(CONTROLS.tests())
 
 `Chapter.run` spawns the notebook's ranks once for the whole file. On every rank,
 for each distinct list of cells, the cells run once as written, then once under each
@@ -32,11 +36,13 @@ A cell without `%%ranks` runs in this process after the ranks are done, and
 ranks it starts itself (`spawn(fn, n)`) run `fn` under the same plants.
 A chapter with no ranks (`ranks=0`) runs every cell in this process.
 
-`flips(fault)` (tests/controls/conftest.py) reads the test's `pytest.mark.controls`
-markers: for each, some line of the run as written matching its regex must be a
+Each `Flip` of the file's `Controls` table becomes a test of that name: for each
+of its verdicts' regexes, some line of the run as written matching it must be a
 PASS (or True), and each verdict it matches in the planted run (the same words, the
-numbers aside) must say FAIL (or False) on some rank. The marker's regex is written
-for the passing line; a failing one matches it with its last word turned back.
+numbers aside) must say FAIL (or False) on some rank (`assert_flips`). The regex is
+written for the passing line; a failing one matches it with its last word turned
+back. A control that does more (judges a stored run: `stored_flips`; shows what a
+check cannot see: `assert_holds`) is a function marked `pytest.mark.controls`.
 
 `run_function` gives a function the same treatment: as written and under each fault,
 in one spawn (or in this process), its printed lines folded the same way.
@@ -441,13 +447,55 @@ def assert_holds(ran: Ran, fault: str, pattern: str) -> None:
     assert not any(map(failing, hits)), "\n".join(hits)
 
 
-def check(ran: Ran, faults: Sequence[str], node: pytest.Item) -> None:
-    """`assert_flips` for each `pytest.mark.controls` marker of the test `node`."""
-    markers = list(node.iter_markers("controls"))
-    assert markers, f"{node.nodeid}: no pytest.mark.controls marker to check"
-    for marker in markers:
-        printed_on = marker.kwargs.get("printed_on", "")
-        assert_flips(ran, faults, marker.args[1], printed_on)
+class Flip:
+    """A control that plants and checks, nothing more: `faults`, planted together
+    (with `each=True`, each alone), must flip every verdict of `verdicts`, given in
+    pairs: a regex on the stored notebook's line, then the planted fault in the
+    words the book's checks page shows. `printed_on`: its verdicts print only on
+    some machines ("2 GPUs")."""
+
+    def __init__(
+        self,
+        faults: Sequence[str],
+        *verdicts: str,
+        each: bool = False,
+        printed_on: str = "",
+    ) -> None:
+        if not verdicts or len(verdicts) % 2:
+            raise ValueError(
+                f"Flip{tuple(faults)}: give verdicts as (regex, fault) pairs"
+            )
+        self.faults, self.each, self.printed_on = list(faults), each, printed_on
+        self.verdicts = list(zip(verdicts[::2], verdicts[1::2], strict=True))
+
+
+class Controls:
+    """A control file's table of `Flip`s for one chapter (a notebook's stem): each
+    keyword names the test `tests()` makes of its Flip, so that pytest collects,
+    selects and reports it under that name (`globals().update(CONTROLS.tests())`),
+    and tests/verdict_controls.py reads the table from the source (literal strings
+    only) for the book's checks page, as it reads a `pytest.mark.controls` marker.
+    A control that checks more than its flips stays a function of its own, marked."""
+
+    def __init__(self, stem: str, **flips: Flip) -> None:
+        self.stem, self.flips = stem, flips
+
+    def tests(self) -> dict[str, Callable[..., None]]:
+        """The table's tests, by name, in its order."""
+        return {name: self.test(name, flip) for name, flip in self.flips.items()}
+
+    def test(self, name: str, flip: Flip) -> Callable[..., None]:
+        """One Flip's test: `assert_flips` for each of its verdicts, under its
+        faults planted together (or under each alone)."""
+        plants = [[f] for f in flip.faults] if flip.each else [list(flip.faults)]
+
+        def test(ran: Ran) -> None:
+            for faults in plants:
+                for pattern, _ in flip.verdicts:
+                    assert_flips(ran, faults, pattern, flip.printed_on)
+
+        test.__name__ = test.__qualname__ = name
+        return test
 
 
 def check_stored(

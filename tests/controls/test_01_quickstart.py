@@ -11,10 +11,7 @@ instead of the trained one. One spawn of the chapter's 4 ranks runs them all
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import harness
-import pytest
 from harness import Code, Fault, Swap
 
 CHAPTER = harness.Chapter("01_quickstart", ranks=4, stored=True)
@@ -61,45 +58,32 @@ FAULTS = {
 }
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "01_quickstart",
-    r"parameters identical on all ranks: True",
-    fault="DDP's all-reduce skipped (every step under no_sync): each rank follows "
-    "its own data",
+    test_replicas_that_never_average_are_not_identical=harness.Flip(
+        ["no sync"],
+        r"parameters identical on all ranks: True",
+        "DDP's all-reduce skipped (every step under no_sync): each rank follows its "
+        "own data",
+    ),
+    test_replicas_one_ulp_apart_are_not_identical=harness.Flip(
+        ["one ulp"],
+        r"parameters identical on all ranks: True",
+        "one weight of rank 1's replica one ulp apart (torch.nextafter)",
+    ),
+    test_a_ddp_that_sums_gradients_is_not_one_process=harness.Flip(
+        ["summed"],
+        r"mean loss of the ranks vs one process: .*PASS",
+        "DDP's gradients summed over the ranks, not averaged (a comm hook without the "
+        "division)",
+        r"parameters vs one process: .*PASS",
+        "DDP's gradients summed over the ranks, not averaged (a comm hook without the "
+        "division)",
+    ),
+    test_a_checkpoint_of_another_model_fails=harness.Flip(
+        ["fresh model saved"],
+        r"checkpoint matches the trained model",
+        "the checkpoint saved from a fresh model, not the trained one",
+    ),
 )
-def test_replicas_that_never_average_are_not_identical(flips: Callable) -> None:
-    flips("no sync")
-
-
-@pytest.mark.controls(
-    "01_quickstart",
-    r"parameters identical on all ranks: True",
-    fault="one weight of rank 1's replica one ulp apart (torch.nextafter)",
-)
-def test_replicas_one_ulp_apart_are_not_identical(flips: Callable) -> None:
-    flips("one ulp")
-
-
-@pytest.mark.controls(
-    "01_quickstart",
-    r"mean loss of the ranks vs one process: .*PASS",
-    fault="DDP's gradients summed over the ranks, not averaged (a comm hook "
-    "without the division)",
-)
-@pytest.mark.controls(
-    "01_quickstart",
-    r"parameters vs one process: .*PASS",
-    fault="DDP's gradients summed over the ranks, not averaged (a comm hook "
-    "without the division)",
-)
-def test_a_ddp_that_sums_gradients_is_not_one_process(flips: Callable) -> None:
-    flips("summed")
-
-
-@pytest.mark.controls(
-    "01_quickstart",
-    r"checkpoint matches the trained model",
-    fault="the checkpoint saved from a fresh model, not the trained one",
-)
-def test_a_checkpoint_of_another_model_fails(flips: Callable) -> None:
-    flips("fresh model saved")
+globals().update(CONTROLS.tests())

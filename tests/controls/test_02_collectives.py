@@ -116,57 +116,37 @@ FAULTS = {
 }
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "02_collectives",
-    r"equal to dist\.all_reduce: True",
-    fault="the cell's ring with a chunk off by one: each incoming chunk added into "
-    "the chunk just sent",
+    test_a_ring_with_a_chunk_off_by_one_is_not_torchs=harness.Flip(
+        ["chunk off by one"],
+        r"equal to dist\.all_reduce: True",
+        "the cell's ring with a chunk off by one: each incoming chunk added into the "
+        "chunk just sent",
+    ),
+    test_collectives_one_rank_off_are_not_torchs=harness.Flip(
+        ["one rank off"],
+        r"(ring|naive|tree)_all_reduce (SUM|MAX)\s+equals torch's: True",
+        "the last rank left out of the all-reduce (run on a group of ranks 0-2)",
+        r"tree_broadcast\s+equals torch's: True",
+        "broadcast from rank 1, one off the root torch's broadcast uses",
+        r"ring_all_gather\s+equals torch's: True",
+        "the gathered blocks one slot off: each rank's where its neighbour's belongs",
+        r"ring_reduce_scatter\s+equals torch's: True",
+        "input rolled by one block: each rank left with its neighbour's block",
+    ),
+    test_bytes_counted_with_the_check_fail=harness.Flip(
+        ["check left on"],
+        r"every rank sent exactly what its formula says: PASS",
+        "the bytes counted with the 112-byte agreement check left on (check=True)",
+    ),
+    test_a_formula_of_the_bytes_handed_in_fails=harness.Flip(
+        ["formula of what is handed in"],
+        r"every rank sent exactly what its formula says: PASS",
+        "a formula that counts what a rank hands in (S bytes each), not what it sends",
+    ),
 )
-def test_a_ring_with_a_chunk_off_by_one_is_not_torchs(flips: Callable) -> None:
-    flips("chunk off by one")
-
-
-@pytest.mark.controls(
-    "02_collectives",
-    r"(ring|naive|tree)_all_reduce (SUM|MAX)\s+equals torch's: True",
-    fault="the last rank left out of the all-reduce (run on a group of ranks 0-2)",
-)
-@pytest.mark.controls(
-    "02_collectives",
-    r"tree_broadcast\s+equals torch's: True",
-    fault="broadcast from rank 1, one off the root torch's broadcast uses",
-)
-@pytest.mark.controls(
-    "02_collectives",
-    r"ring_all_gather\s+equals torch's: True",
-    fault="the gathered blocks one slot off: each rank's where its neighbour's belongs",
-)
-@pytest.mark.controls(
-    "02_collectives",
-    r"ring_reduce_scatter\s+equals torch's: True",
-    fault="input rolled by one block: each rank left with its neighbour's block",
-)
-def test_collectives_one_rank_off_are_not_torchs(flips: Callable) -> None:
-    flips("one rank off")
-
-
-@pytest.mark.controls(
-    "02_collectives",
-    r"every rank sent exactly what its formula says: PASS",
-    fault="the bytes counted with the 112-byte agreement check left on (check=True)",
-)
-def test_bytes_counted_with_the_check_fail(flips: Callable) -> None:
-    flips("check left on")
-
-
-@pytest.mark.controls(
-    "02_collectives",
-    r"every rank sent exactly what its formula says: PASS",
-    fault="a formula that counts what a rank hands in (S bytes each), not what it "
-    "sends",
-)
-def test_a_formula_of_the_bytes_handed_in_fails(flips: Callable) -> None:
-    flips("formula of what is handed in")
+globals().update(CONTROLS.tests())
 
 
 SIZES = list(alphabeta.Config().sizes)

@@ -137,102 +137,61 @@ FAULTS = {
 }
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "03_data_parallel",
-    r"after \d+ steps, parameters identical on all ranks: True",
-    fault="the averaging left out: each rank steps on its own gradient",
+    test_replicas_without_averaging_are_not_identical=harness.Flip(
+        ["no averaging"],
+        r"after \d+ steps, parameters identical on all ranks: True",
+        "the averaging left out: each rank steps on its own gradient",
+    ),
+    test_a_tinyddp_that_sums_is_not_the_loop_by_hand=harness.Flip(
+        ["TinyDDP summing"],
+        r"TinyDDP and by hand: parameters bit for bit identical on every rank: True",
+        "TinyDDP without its division by the world size: gradients summed",
+    ),
+    test_our_ddp_summing_is_not_torchs=harness.Flip(
+        ["our DDP summing"],
+        r"max \|loss difference\| over \d+ steps <= 1e-06: PASS",
+        "our DDP with a comm hook that sums the buckets instead of averaging",
+    ),
+    # Each row trains its own model: one run with the four summing fails each.
+    test_summed_gradients_are_not_one_process=harness.Flip(
+        ["every way summing"],
+        r"by hand\s+max \|4 ranks - one process\|",
+        "the loop by hand sums the gradients (all_reduce without / N)",
+        r"TinyDDP\s+max \|4 ranks - one process\|",
+        "TinyDDP without its division by the world size: gradients summed",
+        r"our DDP\s+max \|4 ranks - one process\|",
+        "our DDP with a comm hook that sums the buckets instead of averaging",
+        r"torch DDP\s+max \|4 ranks - one process\|",
+        "torch's DDP with a comm hook that sums the buckets instead of averaging",
+    ),
+    test_the_loop_by_hand_leaving_one_out_is_not_all_of_s=harness.Flip(
+        ["one left out"],
+        r"by hand\s+all-reduces: .*in all S: True",
+        "the loop by hand averages every parameter but the last",
+    ),
+    test_a_parameter_in_no_bucket_is_not_all_of_s=harness.Flip(
+        ["frozen bias"],
+        r"our DDP\s+all-reduces: .*in all S: True",
+        "a parameter in no bucket (the first bias frozen)",
+        r"torch DDP\s+all-reduces: .*in all S: True",
+        "a parameter in no bucket (the first bias frozen)",
+    ),
+    test_bytes_counted_with_the_receives_are_not_the_formula=harness.Flip(
+        ["receives counted"],
+        r"ring:\s+ranks sent .*: True",
+        "the ledger's receives counted as sent bytes too",
+        r"naive: the root sent .*: True",
+        "the ledger's receives counted as sent bytes too",
+    ),
+    test_samplers_seeded_apart_do_not_share_the_data=harness.Flip(
+        ["samplers seeded apart"],
+        r"shares are disjoint and cover all [\d,]+ images: True",
+        "each rank's sampler with a seed of its own (seed=rank)",
+    ),
 )
-def test_replicas_without_averaging_are_not_identical(flips: Callable) -> None:
-    flips("no averaging")
-
-
-@pytest.mark.controls(
-    "03_data_parallel",
-    r"TinyDDP and by hand: parameters bit for bit identical on every rank: True",
-    fault="TinyDDP without its division by the world size: gradients summed",
-)
-def test_a_tinyddp_that_sums_is_not_the_loop_by_hand(flips: Callable) -> None:
-    flips("TinyDDP summing")
-
-
-@pytest.mark.controls(
-    "03_data_parallel",
-    r"max \|loss difference\| over \d+ steps <= 1e-06: PASS",
-    fault="our DDP with a comm hook that sums the buckets instead of averaging",
-)
-def test_our_ddp_summing_is_not_torchs(flips: Callable) -> None:
-    flips("our DDP summing")
-
-
-@pytest.mark.controls(
-    "03_data_parallel",
-    r"by hand\s+max \|4 ranks - one process\|",
-    fault="the loop by hand sums the gradients (all_reduce without / N)",
-)
-@pytest.mark.controls(
-    "03_data_parallel",
-    r"TinyDDP\s+max \|4 ranks - one process\|",
-    fault="TinyDDP without its division by the world size: gradients summed",
-)
-@pytest.mark.controls(
-    "03_data_parallel",
-    r"our DDP\s+max \|4 ranks - one process\|",
-    fault="our DDP with a comm hook that sums the buckets instead of averaging",
-)
-@pytest.mark.controls(
-    "03_data_parallel",
-    r"torch DDP\s+max \|4 ranks - one process\|",
-    fault="torch's DDP with a comm hook that sums the buckets instead of averaging",
-)
-def test_summed_gradients_are_not_one_process(flips: Callable) -> None:
-    """Each row trains its own model: one run with the four summing fails each."""
-    flips("every way summing")
-
-
-@pytest.mark.controls(
-    "03_data_parallel",
-    r"by hand\s+all-reduces: .*in all S: True",
-    fault="the loop by hand averages every parameter but the last",
-)
-def test_the_loop_by_hand_leaving_one_out_is_not_all_of_s(flips: Callable) -> None:
-    flips("one left out")
-
-
-@pytest.mark.controls(
-    "03_data_parallel",
-    r"our DDP\s+all-reduces: .*in all S: True",
-    fault="a parameter in no bucket (the first bias frozen)",
-)
-@pytest.mark.controls(
-    "03_data_parallel",
-    r"torch DDP\s+all-reduces: .*in all S: True",
-    fault="a parameter in no bucket (the first bias frozen)",
-)
-def test_a_parameter_in_no_bucket_is_not_all_of_s(flips: Callable) -> None:
-    flips("frozen bias")
-
-
-@pytest.mark.controls(
-    "03_data_parallel",
-    r"ring:\s+ranks sent .*: True",
-    fault="the ledger's receives counted as sent bytes too",
-)
-@pytest.mark.controls(
-    "03_data_parallel",
-    r"naive: the root sent .*: True",
-    fault="the ledger's receives counted as sent bytes too",
-)
-def test_bytes_counted_with_the_receives_are_not_the_formula(flips: Callable) -> None:
-    flips("receives counted")
-
-
-@pytest.mark.controls(
-    "03_data_parallel",
-    r"shares are disjoint and cover all [\d,]+ images: True",
-    fault="each rank's sampler with a seed of its own (seed=rank)",
-)
-def test_samplers_seeded_apart_do_not_share_the_data(flips: Callable) -> None:
-    flips("samplers seeded apart")
+globals().update(CONTROLS.tests())
 
 
 class OneBucketDDP(ddp.DDP):

@@ -22,7 +22,6 @@ from typing import Any
 
 import ddp_faults
 import harness
-import pytest
 from harness import Fault, Plant, Swap
 
 from distcourse.examples import checkpoint
@@ -48,7 +47,7 @@ RESUME = [
     "before = spawn(stop_midway, 2, path)",
     "def resume_report(",
 ]
-CONTROLS = str(Path(__file__).resolve().parent)  # where ddp_faults is
+HERE = str(Path(__file__).resolve().parent)  # where ddp_faults is
 
 
 def with_controls(child_env: Callable) -> Callable:
@@ -56,7 +55,7 @@ def with_controls(child_env: Callable) -> Callable:
 
     def env(tmp: str, extra: dict[str, str] | None = None) -> dict[str, str]:
         out = child_env(tmp, extra)
-        out["PYTHONPATH"] = os.pathsep.join([CONTROLS, out["PYTHONPATH"]])
+        out["PYTHONPATH"] = os.pathsep.join([HERE, out["PYTHONPATH"]])
         return out
 
     return env
@@ -101,61 +100,39 @@ FAULTS = {
 }
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "03b_ddp_in_practice",
-    r"every line as with torch's DDP: True",
-    fault="the swapped-in DDP never copies rank 0's weights to rank 1 "
-    "(init_sync=False)",
+    test_a_ddp_that_never_syncs_fails_the_swap=harness.Flip(
+        ["unsynced"],
+        r"every line as with torch's DDP: True",
+        "the swapped-in DDP never copies rank 0's weights to rank 1 (init_sync=False)",
+    ),
+    test_a_ddp_that_sums_fails_the_swap=harness.Flip(
+        ["summing"],
+        r"parameters identical to torch DDP's, bit for bit: True",
+        "the swapped-in DDP sums the gradients instead of averaging them",
+    ),
+    test_halves_summed_are_not_the_whole=harness.Flip(
+        ["our DDP summing"],
+        r"parameters vs 1 process: <= 1e-06: PASS",
+        "DDP's gradients summed over the 2 ranks, not averaged",
+        r"mean of the 2 ranks' losses vs 1 process: <= 1e-06: PASS",
+        "DDP's gradients summed over the 2 ranks, not averaged",
+    ),
+    test_an_optimizer_on_the_wrong_model_learns_nothing=harness.Flip(
+        ["stranger"],
+        r"mean loss of its last 4 steps below half of its first 4: True",
+        "Adam given another model's parameters: the trained model never moves",
+    ),
+    test_a_forgotten_set_epoch_fails=harness.Flip(
+        ["set_epoch forgotten"],
+        r"set_epoch\(1\) changed the order",
+        "set_epoch(1) forgotten before epoch 1",
+    ),
+    test_a_resume_without_the_generators_differs=harness.Flip(
+        ["rng not restored"],
+        r"resumed == uninterrupted, float for float: True",
+        "the generators' states not restored: dropout and augmentation draw anew",
+    ),
 )
-def test_a_ddp_that_never_syncs_fails_the_swap(flips: Callable) -> None:
-    flips("unsynced")
-
-
-@pytest.mark.controls(
-    "03b_ddp_in_practice",
-    r"parameters identical to torch DDP's, bit for bit: True",
-    fault="the swapped-in DDP sums the gradients instead of averaging them",
-)
-def test_a_ddp_that_sums_fails_the_swap(flips: Callable) -> None:
-    flips("summing")
-
-
-@pytest.mark.controls(
-    "03b_ddp_in_practice",
-    r"parameters vs 1 process: <= 1e-06: PASS",
-    fault="DDP's gradients summed over the 2 ranks, not averaged",
-)
-@pytest.mark.controls(
-    "03b_ddp_in_practice",
-    r"mean of the 2 ranks' losses vs 1 process: <= 1e-06: PASS",
-    fault="DDP's gradients summed over the 2 ranks, not averaged",
-)
-def test_halves_summed_are_not_the_whole(flips: Callable) -> None:
-    flips("our DDP summing")
-
-
-@pytest.mark.controls(
-    "03b_ddp_in_practice",
-    r"mean loss of its last 4 steps below half of its first 4: True",
-    fault="Adam given another model's parameters: the trained model never moves",
-)
-def test_an_optimizer_on_the_wrong_model_learns_nothing(flips: Callable) -> None:
-    flips("stranger")
-
-
-@pytest.mark.controls(
-    "03b_ddp_in_practice",
-    r"set_epoch\(1\) changed the order",
-    fault="set_epoch(1) forgotten before epoch 1",
-)
-def test_a_forgotten_set_epoch_fails(flips: Callable) -> None:
-    flips("set_epoch forgotten")
-
-
-@pytest.mark.controls(
-    "03b_ddp_in_practice",
-    r"resumed == uninterrupted, float for float: True",
-    fault="the generators' states not restored: dropout and augmentation draw anew",
-)
-def test_a_resume_without_the_generators_differs(flips: Callable) -> None:
-    flips("rng not restored")
+globals().update(CONTROLS.tests())

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 import harness
-import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -163,128 +162,74 @@ FAULTS = {
 }
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "04_tensor_parallel",
-    r"max \|two devices - one device\|",
-    fault="net2 of the two-device model (one value) nudged by 1e-3",
-    printed_on="2 GPUs",
+    test_two_devices_with_a_nudged_layer_fail=harness.Flip(
+        ["two devices, nudged"],
+        r"max \|two devices - one device\|",
+        "net2 of the two-device model (one value) nudged by 1e-3",
+        printed_on="2 GPUs",
+    ),
+    test_layers_with_the_wrong_rows_or_without_g_fail=harness.Flip(
+        ["next rank's rows", "no g"],
+        r"column == my columns of Y .*; row == Y",
+        "a column layer holding the next rank's rows; a row layer without g",
+        each=True,
+    ),
+    test_row_layers_without_g_fail=harness.Flip(
+        ["no g"],
+        r"(MLP|attention|block)\s+output, input grad, \d+ parameter grads",
+        "the row layers' g skipped (no all_reduce forward)",
+        r"loss and both gradients",
+        "the row layers' g skipped: the embedding's sum never made",
+        r"(MLP|block): on the wire .* as the shapes say",
+        "the row layers' g skipped: one all_reduce of two missing",
+        r"MLP, output and 4 gradients",
+        "our row layer's g skipped, torch's plan right",
+        r"loss_parallel [\d.]+; loss and gradients",
+        "our embedding's g skipped, torch's plan right",
+        r"TP=\d: .*every loss",
+        "the row layers' g skipped while training the split TinyGPT",
+        r"logits on 1 == the saved TP=2 model's",
+        "the row layers' g skipped: the split models' logits are partial sums",
+    ),
+    test_a_checkpoint_loaded_into_the_wrong_rows_fails=harness.Flip(
+        ["next rank's rows"],
+        r"every parameter equal to the saved one",
+        "a column layer loading the next rank's rows of the checkpoint",
+    ),
+    test_sequence_parallel_g_as_an_all_reduce_fails_the_bytes=harness.Flip(
+        ["SP g as all_reduce"],
+        r"reduce_scatters \(g\) sent",
+        "sequence parallelism whose g is an all_reduce, not a reduce_scatter",
+    ),
+    test_sequence_parallel_f_twice_fails_the_count=harness.Flip(
+        ["SP f twice"],
+        r"all_gathers \(f\): \d+, each handed my S/N",
+        "sequence parallelism's f issued twice (the same numbers)",
+    ),
+    test_a_sequence_parallel_norm_without_f_fails=harness.Flip(
+        ["SP norm without f"],
+        r"block, seq\. parallel\s+output, input grad",
+        "the sequence-parallel norm's weight used without f (its gradient one rank's "
+        "tokens' only)",
+        r"sequence-parallel block, output and \d+ gradients",
+        "our sequence-parallel norm's weight used without f, torch's plan right",
+    ),
+    test_an_mlp_that_keeps_more_fails_the_memory_formula=harness.Flip(
+        ["masked MLP"],
+        r"(one process|TP=\d+|TP=\d+ \+ SP) .*== formula on every rank",
+        "every MLP keeping a mask of its output for backward",
+    ),
+    test_doubled_gradients_fail_the_gradient_and_sgd_checks=harness.Flip(
+        ["doubled gradients"],
+        r"TP=4 step-1 gradients vs one process",
+        "every gradient of the split TinyGPT doubled (a sum where a mean belongs)",
+        r"TP=4 with SGD: .*every loss",
+        "every gradient of the split TinyGPT doubled (a sum where a mean belongs)",
+    ),
 )
-def test_two_devices_with_a_nudged_layer_fail(flips: Callable) -> None:
-    flips("two devices, nudged")
-
-
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"column == my columns of Y .*; row == Y",
-    fault="a column layer holding the next rank's rows; a row layer without g",
-)
-def test_layers_with_the_wrong_rows_or_without_g_fail(flips: Callable) -> None:
-    flips("next rank's rows")
-    flips("no g")
-
-
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"(MLP|attention|block)\s+output, input grad, \d+ parameter grads",
-    fault="the row layers' g skipped (no all_reduce forward)",
-)
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"loss and both gradients",
-    fault="the row layers' g skipped: the embedding's sum never made",
-)
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"(MLP|block): on the wire .* as the shapes say",
-    fault="the row layers' g skipped: one all_reduce of two missing",
-)
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"MLP, output and 4 gradients",
-    fault="our row layer's g skipped, torch's plan right",
-)
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"loss_parallel [\d.]+; loss and gradients",
-    fault="our embedding's g skipped, torch's plan right",
-)
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"TP=\d: .*every loss",
-    fault="the row layers' g skipped while training the split TinyGPT",
-)
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"logits on 1 == the saved TP=2 model's",
-    fault="the row layers' g skipped: the split models' logits are partial sums",
-)
-def test_row_layers_without_g_fail(flips: Callable) -> None:
-    flips("no g")
-
-
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"every parameter equal to the saved one",
-    fault="a column layer loading the next rank's rows of the checkpoint",
-)
-def test_a_checkpoint_loaded_into_the_wrong_rows_fails(flips: Callable) -> None:
-    flips("next rank's rows")
-
-
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"reduce_scatters \(g\) sent",
-    fault="sequence parallelism whose g is an all_reduce, not a reduce_scatter",
-)
-def test_sequence_parallel_g_as_an_all_reduce_fails_the_bytes(flips: Callable) -> None:
-    flips("SP g as all_reduce")
-
-
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"all_gathers \(f\): \d+, each handed my S/N",
-    fault="sequence parallelism's f issued twice (the same numbers)",
-)
-def test_sequence_parallel_f_twice_fails_the_count(flips: Callable) -> None:
-    flips("SP f twice")
-
-
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"block, seq\. parallel\s+output, input grad",
-    fault="the sequence-parallel norm's weight used without f (its gradient one "
-    "rank's tokens' only)",
-)
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"sequence-parallel block, output and \d+ gradients",
-    fault="our sequence-parallel norm's weight used without f, torch's plan right",
-)
-def test_a_sequence_parallel_norm_without_f_fails(flips: Callable) -> None:
-    flips("SP norm without f")
-
-
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"(one process|TP=\d+|TP=\d+ \+ SP) .*== formula on every rank",
-    fault="every MLP keeping a mask of its output for backward",
-)
-def test_an_mlp_that_keeps_more_fails_the_memory_formula(flips: Callable) -> None:
-    flips("masked MLP")
-
-
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"TP=4 step-1 gradients vs one process",
-    fault="every gradient of the split TinyGPT doubled (a sum where a mean belongs)",
-)
-@pytest.mark.controls(
-    "04_tensor_parallel",
-    r"TP=4 with SGD: .*every loss",
-    fault="every gradient of the split TinyGPT doubled (a sum where a mean belongs)",
-)
-def test_doubled_gradients_fail_the_gradient_and_sgd_checks(flips: Callable) -> None:
-    flips("doubled gradients")
+globals().update(CONTROLS.tests())
 
 
 def test_adamw_cannot_see_doubled_gradients(ran: harness.Ran) -> None:

@@ -68,34 +68,24 @@ FAULTS = {
 }
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "05_pipeline",
-    r"GPipe and 1F1B held what in_flight predicts on every rank",
-    fault="the runner never frees a micro-batch's activations",
+    test_activations_never_freed_break_the_in_flight_prediction=harness.Flip(
+        ["never freed"],
+        r"GPipe and 1F1B held what in_flight predicts on every rank",
+        "the runner never frees a micro-batch's activations",
+    ),
+    test_summed_micro_batch_losses_fail_every_equivalence=harness.Flip(
+        ["summed"],
+        r"\] (GPipe|1F1B|interleaved 1F1B \(v=2\)|ZB-H1)\s+loss [\d.]+; loss and all",
+        "micro-batch losses summed, not averaged (gradients m times too large)",
+        r"plain (GPipe|1F1B|interleaved 1F1B \(v=2\))\s+loss and all gradients",
+        "micro-batch losses summed, not averaged (gradients m times too large)",
+        r"torch [\w ]+?\s+loss and all gradients",
+        "micro-batch losses summed, not averaged (gradients m times too large)",
+    ),
 )
-def test_activations_never_freed_break_the_in_flight_prediction(
-    flips: Callable,
-) -> None:
-    flips("never freed")
-
-
-@pytest.mark.controls(
-    "05_pipeline",
-    r"\] (GPipe|1F1B|interleaved 1F1B \(v=2\)|ZB-H1)\s+loss [\d.]+; loss and all",
-    fault="micro-batch losses summed, not averaged (gradients m times too large)",
-)
-@pytest.mark.controls(
-    "05_pipeline",
-    r"plain (GPipe|1F1B|interleaved 1F1B \(v=2\))\s+loss and all gradients",
-    fault="micro-batch losses summed, not averaged (gradients m times too large)",
-)
-@pytest.mark.controls(
-    "05_pipeline",
-    r"torch [\w ]+?\s+loss and all gradients",
-    fault="micro-batch losses summed, not averaged (gradients m times too large)",
-)
-def test_summed_micro_batch_losses_fail_every_equivalence(flips: Callable) -> None:
-    flips("summed")
+globals().update(CONTROLS.tests())
 
 
 PIPELINE = (

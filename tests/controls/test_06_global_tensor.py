@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import harness
-import pytest
 import torch.distributed as dist
 from boxing_faults import NoBroadcast, roundabout, sums_twice
 from harness import Fault, Plant, Swap
@@ -102,81 +101,49 @@ FAULTS = {
 }
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "06_global_tensor",
-    r"full_tensor\(\) == whole: True",
-    fault="to_global keeps each rank's copy of a broadcast tensor (copies that differ "
-    "by rank, never broadcast from coordinate 0); boxing sums a partial tensor twice",
+    test_full_tensor_fails_with_copies_kept_or_a_partial_summed_twice=harness.Flip(
+        ["copies kept", "sums twice"],
+        r"full_tensor\(\) == whole: True",
+        "to_global keeps each rank's copy of a broadcast tensor (copies that differ "
+        "by rank, never broadcast from coordinate 0); boxing sums a partial tensor "
+        "twice",
+    ),
+    test_a_conversion_by_another_route_misses_the_formula=harness.Flip(
+        ["another route"],
+        r"ledger +\d+ B, formula +\d+ B PASS",
+        "each conversion done by another route (P -> S as all_reduce + slice, ...)",
+    ),
+    test_a_partial_summed_twice_fails=harness.Flip(
+        ["sums twice"],
+        r"losses vs one process|parameters vs one process",
+        "boxing sums a partial tensor twice: data parallelism's gradients x 2",
+        r"same pieces <= 1e-05: PASS",
+        "boxing sums a partial tensor twice",
+        r"gradients: ours vs DTensor",
+        "boxing sums a partial tensor twice: our gradients x 2",
+    ),
+    test_a_load_that_never_broadcasts_fails=harness.Flip(
+        ["load never broadcasts"],
+        r"loaded model == saved model",
+        "gt.load never broadcasts the tensors rank 0 read",
+    ),
+    test_model_parallel_gradients_summed_fail=harness.Flip(
+        ["split gradients summed"],
+        r"losses [\d.]+ -> [\d.]+; vs one process",
+        "split parameters' gradients all-reduced over the ranks, as broadcast ones are",
+    ),
+    test_matmul_rules_fail_with_copies_kept_or_a_partial_summed_twice=harness.Flip(
+        ["copies kept", "sums twice"],
+        r"-> \S+: vs one process <= 1e-05: PASS",
+        "to_global keeps each rank's copy of A and B (copies that differ by rank); "
+        "boxing sums a partial tensor twice (the rules with P)",
+    ),
+    test_copies_kept_differ_from_dtensors_pieces=harness.Flip(
+        ["copies kept"],
+        r"ours \(\d+, \d+\), DTensor \(\d+, \d+\), same: True",
+        "to_global keeps each rank's copy (copies that differ by rank)",
+    ),
 )
-def test_full_tensor_fails_with_copies_kept_or_a_partial_summed_twice(
-    flips: Callable,
-) -> None:
-    flips("copies kept", "sums twice")
-
-
-@pytest.mark.controls(
-    "06_global_tensor",
-    r"ledger +\d+ B, formula +\d+ B PASS",
-    fault="each conversion done by another route (P -> S as all_reduce + slice, ...)",
-)
-def test_a_conversion_by_another_route_misses_the_formula(flips: Callable) -> None:
-    flips("another route")
-
-
-@pytest.mark.controls(
-    "06_global_tensor",
-    r"losses vs one process|parameters vs one process",
-    fault="boxing sums a partial tensor twice: data parallelism's gradients x 2",
-)
-@pytest.mark.controls(
-    "06_global_tensor",
-    r"same pieces <= 1e-05: PASS",
-    fault="boxing sums a partial tensor twice",
-)
-@pytest.mark.controls(
-    "06_global_tensor",
-    r"gradients: ours vs DTensor",
-    fault="boxing sums a partial tensor twice: our gradients x 2",
-)
-def test_a_partial_summed_twice_fails(flips: Callable) -> None:
-    flips("sums twice")
-
-
-@pytest.mark.controls(
-    "06_global_tensor",
-    r"loaded model == saved model",
-    fault="gt.load never broadcasts the tensors rank 0 read",
-)
-def test_a_load_that_never_broadcasts_fails(flips: Callable) -> None:
-    flips("load never broadcasts")
-
-
-@pytest.mark.controls(
-    "06_global_tensor",
-    r"losses [\d.]+ -> [\d.]+; vs one process",
-    fault="split parameters' gradients all-reduced over the ranks, as broadcast "
-    "ones are",
-)
-def test_model_parallel_gradients_summed_fail(flips: Callable) -> None:
-    flips("split gradients summed")
-
-
-@pytest.mark.controls(
-    "06_global_tensor",
-    r"-> \S+: vs one process <= 1e-05: PASS",
-    fault="to_global keeps each rank's copy of A and B (copies that differ by rank); "
-    "boxing sums a partial tensor twice (the rules with P)",
-)
-def test_matmul_rules_fail_with_copies_kept_or_a_partial_summed_twice(
-    flips: Callable,
-) -> None:
-    flips("copies kept", "sums twice")
-
-
-@pytest.mark.controls(
-    "06_global_tensor",
-    r"ours \(\d+, \d+\), DTensor \(\d+, \d+\), same: True",
-    fault="to_global keeps each rank's copy (copies that differ by rank)",
-)
-def test_copies_kept_differ_from_dtensors_pieces(flips: Callable) -> None:
-    flips("copies kept")
+globals().update(CONTROLS.tests())

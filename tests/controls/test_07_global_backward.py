@@ -9,7 +9,6 @@ spawn of the chapter's 4 ranks runs them all (tests/controls/harness.py).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
 import harness
 import pytest
@@ -72,61 +71,41 @@ FAULTS = {
 }
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "07_global_backward",
-    r"\| gradient PASS",
-    fault="boxing sums a partial tensor twice, or puts pieces in the wrong order; a "
-    "gradient leaves P unsummed, or leaves with its dual (B's as P)",
+    test_every_conversion_row_fails_under_some_fault=harness.Flip(
+        ["sums twice", "wrong order", "P left unsummed", "leaves its dual"],
+        r"\| gradient PASS",
+        "boxing sums a partial tensor twice, or puts pieces in the wrong order; a "
+        "gradient leaves P unsummed, or leaves with its dual (B's as P)",
+    ),
+    test_boxing_that_sums_twice_fails=harness.Flip(
+        ["sums twice"],
+        r"all 60 gradients equal dy with the SBP asked for: True",
+        "boxing sums a partial tensor twice",
+        r"^(\[all ranks\] )?gradients <= 1e-06: PASS",
+        "boxing sums a partial tensor twice: every gradient x 2 against DDP's",
+        r"global: forward \d+ B, backward \d+ B; dx",
+        "boxing sums a partial tensor twice: f's backward all_reduce x 2",
+    ),
+    test_boxing_in_the_wrong_order_fails_step_5=harness.Flip(
+        ["wrong order"],
+        r"B -> S\(0\), grad_sbp=\w+: .*gradient PASS",
+        "boxing puts the pieces in the wrong order",
+    ),
+    test_each_matmul_layout_fails_under_a_boxing_fault=harness.Flip(
+        ["sums twice", "wrong order"],
+        r"parallel: backward sent \d+ B; .*vs one process <= 1e-05: PASS",
+        "boxing sums a partial tensor twice (data, column parallel); pieces in the "
+        "wrong order (row parallel)",
+    ),
+    test_f_replaced_by_g_fails=harness.Flip(
+        ["f as g"],
+        r"plain, with f: dx vs one process PASS",
+        "Megatron's f replaced by g (an all_reduce forward)",
+    ),
 )
-def test_every_conversion_row_fails_under_some_fault(flips: Callable) -> None:
-    flips("sums twice", "wrong order", "P left unsummed", "leaves its dual")
-
-
-@pytest.mark.controls(
-    "07_global_backward",
-    r"all 60 gradients equal dy with the SBP asked for: True",
-    fault="boxing sums a partial tensor twice",
-)
-@pytest.mark.controls(
-    "07_global_backward",
-    r"^(\[all ranks\] )?gradients <= 1e-06: PASS",
-    fault="boxing sums a partial tensor twice: every gradient x 2 against DDP's",
-)
-@pytest.mark.controls(
-    "07_global_backward",
-    r"global: forward \d+ B, backward \d+ B; dx",
-    fault="boxing sums a partial tensor twice: f's backward all_reduce x 2",
-)
-def test_boxing_that_sums_twice_fails(flips: Callable) -> None:
-    flips("sums twice")
-
-
-@pytest.mark.controls(
-    "07_global_backward",
-    r"B -> S\(0\), grad_sbp=\w+: .*gradient PASS",
-    fault="boxing puts the pieces in the wrong order",
-)
-def test_boxing_in_the_wrong_order_fails_step_5(flips: Callable) -> None:
-    flips("wrong order")
-
-
-@pytest.mark.controls(
-    "07_global_backward",
-    r"parallel: backward sent \d+ B; .*vs one process <= 1e-05: PASS",
-    fault="boxing sums a partial tensor twice (data, column parallel); pieces in "
-    "the wrong order (row parallel)",
-)
-def test_each_matmul_layout_fails_under_a_boxing_fault(flips: Callable) -> None:
-    flips("sums twice", "wrong order")
-
-
-@pytest.mark.controls(
-    "07_global_backward",
-    r"plain, with f: dx vs one process PASS",
-    fault="Megatron's f replaced by g (an all_reduce forward)",
-)
-def test_f_replaced_by_g_fails(flips: Callable) -> None:
-    flips("f as g")
+globals().update(CONTROLS.tests())
 
 
 @pytest.mark.controls(

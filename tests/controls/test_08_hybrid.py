@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import harness
-import pytest
 from harness import Fault, Plant
 from torch import Tensor
 
@@ -69,23 +68,33 @@ FAULTS = {
 }
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "08_hybrid",
-    r"gradients of step 1 vs one process",
-    fault="gradients summed over the dp replicas, not averaged (x2)",
+    test_a_doubled_gradient_fails_under_sgd=harness.Flip(
+        ["summed"],
+        r"gradients of step 1 vs one process",
+        "gradients summed over the dp replicas, not averaged (x2)",
+        r"losses of \d+ sgd steps vs one process",
+        "gradients summed over the dp replicas, not averaged (x2)",
+        r"parameters after \d+ sgd steps vs one process",
+        "gradients summed over the dp replicas, not averaged (x2)",
+    ),
+    test_replicas_that_never_average_fail=harness.Flip(
+        ["never averaged"],
+        r"losses of \d+ adamw steps vs one process",
+        "no dp all-reduce: each replica trains on its own share",
+        r"parameters after \d+ adamw steps vs one process",
+        "no dp all-reduce: each replica trains on its own share",
+        r"ledger == formula",
+        "no dp all-reduce: the dp axis sends nothing",
+    ),
+    test_a_parameter_no_rank_holds_is_seen=harness.Flip(
+        ["drops a key"],
+        r"every parameter on some rank",
+        "the gathered state leaves ln_f.weight out on every rank",
+    ),
 )
-@pytest.mark.controls(
-    "08_hybrid",
-    r"losses of \d+ sgd steps vs one process",
-    fault="gradients summed over the dp replicas, not averaged (x2)",
-)
-@pytest.mark.controls(
-    "08_hybrid",
-    r"parameters after \d+ sgd steps vs one process",
-    fault="gradients summed over the dp replicas, not averaged (x2)",
-)
-def test_a_doubled_gradient_fails_under_sgd(flips: Callable) -> None:
-    flips("summed")
+globals().update(CONTROLS.tests())
 
 
 def test_adamw_cannot_see_a_doubled_gradient(ran: harness.Ran) -> None:
@@ -93,31 +102,3 @@ def test_adamw_cannot_see_a_doubled_gradient(ran: harness.Ran) -> None:
     AdamW's losses still equal one process's (its step m / (sqrt(v) + eps) loses
     the factor)."""
     harness.assert_holds(ran, "summed", r"losses of \d+ adamw steps vs one process")
-
-
-@pytest.mark.controls(
-    "08_hybrid",
-    r"losses of \d+ adamw steps vs one process",
-    fault="no dp all-reduce: each replica trains on its own share",
-)
-@pytest.mark.controls(
-    "08_hybrid",
-    r"parameters after \d+ adamw steps vs one process",
-    fault="no dp all-reduce: each replica trains on its own share",
-)
-@pytest.mark.controls(
-    "08_hybrid",
-    r"ledger == formula",
-    fault="no dp all-reduce: the dp axis sends nothing",
-)
-def test_replicas_that_never_average_fail(flips: Callable) -> None:
-    flips("never averaged")
-
-
-@pytest.mark.controls(
-    "08_hybrid",
-    r"every parameter on some rank",
-    fault="the gathered state leaves ln_f.weight out on every rank",
-)
-def test_a_parameter_no_rank_holds_is_seen(flips: Callable) -> None:
-    flips("drops a key")

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import harness
-import pytest
 from boxing_faults import gathered_twice, sums_twice
 from harness import Fault, Plant
 
@@ -49,68 +48,38 @@ FAULTS = {
 }
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "08b_hybrid_global",
-    r"plan == dp_tp_plan\(one, column=\['fc'\], row=\['proj'\]\)",
-    fault="dp_tp_plan with its column and row layers swapped",
+    test_a_swapped_plan_is_not_the_plan=harness.Flip(
+        ["swapped plan"],
+        r"plan == dp_tp_plan\(one, column=\['fc'\], row=\['proj'\]\)",
+        "dp_tp_plan with its column and row layers swapped",
+    ),
+    test_a_partial_summed_twice_fails_every_comparison=harness.Flip(
+        ["sums twice"],
+        r"loss [\d.]+, one process [\d.]+:",
+        "boxing sums a partial tensor twice: the row all_reduce doubled",
+        r"grad \(.*\)\s+vs one process",
+        "boxing sums a partial tensor twice: every gradient x 2",
+        r"loss vs ParallelMLP's",
+        "boxing sums a partial tensor twice: the row all_reduce doubled",
+        r"my piece .* vs ParallelMLP's",
+        "boxing sums a partial tensor twice: every gradient x 2",
+        r"loss: ours vs DTensor",
+        "boxing sums a partial tensor twice: the row all_reduce doubled",
+        r"ours \(.*\)\s+DTensor \(",
+        "boxing sums a partial tensor twice: every gradient x 2",
+        r"every gradient of 3 steps, both stages, vs one process",
+        "boxing sums a partial tensor twice: every gradient x 2",
+        r"losses \[.*\], one process \[",
+        "boxing sums a partial tensor twice: the row all_reduce doubled",
+        r"parameters after 3 steps, both stages, vs one process",
+        "boxing sums a partial tensor twice: every gradient x 2",
+    ),
+    test_a_gather_done_twice_breaks_the_byte_line=harness.Flip(
+        ["gathered twice"],
+        r"ledger == formula",
+        "boxing that gathers a split tensor twice (more bytes, the same numbers)",
+    ),
 )
-def test_a_swapped_plan_is_not_the_plan(flips: Callable) -> None:
-    flips("swapped plan")
-
-
-@pytest.mark.controls(
-    "08b_hybrid_global",
-    r"loss [\d.]+, one process [\d.]+:",
-    fault="boxing sums a partial tensor twice: the row all_reduce doubled",
-)
-@pytest.mark.controls(
-    "08b_hybrid_global",
-    r"grad \(.*\)\s+vs one process",
-    fault="boxing sums a partial tensor twice: every gradient x 2",
-)
-@pytest.mark.controls(
-    "08b_hybrid_global",
-    r"loss vs ParallelMLP's",
-    fault="boxing sums a partial tensor twice: the row all_reduce doubled",
-)
-@pytest.mark.controls(
-    "08b_hybrid_global",
-    r"my piece .* vs ParallelMLP's",
-    fault="boxing sums a partial tensor twice: every gradient x 2",
-)
-@pytest.mark.controls(
-    "08b_hybrid_global",
-    r"loss: ours vs DTensor",
-    fault="boxing sums a partial tensor twice: the row all_reduce doubled",
-)
-@pytest.mark.controls(
-    "08b_hybrid_global",
-    r"ours \(.*\)\s+DTensor \(",
-    fault="boxing sums a partial tensor twice: every gradient x 2",
-)
-@pytest.mark.controls(
-    "08b_hybrid_global",
-    r"every gradient of 3 steps, both stages, vs one process",
-    fault="boxing sums a partial tensor twice: every gradient x 2",
-)
-@pytest.mark.controls(
-    "08b_hybrid_global",
-    r"losses \[.*\], one process \[",
-    fault="boxing sums a partial tensor twice: the row all_reduce doubled",
-)
-@pytest.mark.controls(
-    "08b_hybrid_global",
-    r"parameters after 3 steps, both stages, vs one process",
-    fault="boxing sums a partial tensor twice: every gradient x 2",
-)
-def test_a_partial_summed_twice_fails_every_comparison(flips: Callable) -> None:
-    flips("sums twice")
-
-
-@pytest.mark.controls(
-    "08b_hybrid_global",
-    r"ledger == formula",
-    fault="boxing that gathers a split tensor twice (more bytes, the same numbers)",
-)
-def test_a_gather_done_twice_breaks_the_byte_line(flips: Callable) -> None:
-    flips("gathered twice")
+globals().update(CONTROLS.tests())

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 import harness
-import pytest
 import torch
 from harness import Fault, Plant, Swap
 from torch import Tensor
@@ -336,257 +335,147 @@ FAULTS = {
 }
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "09_zero_fsdp",
-    r"ZeRO-1 (SGD|AdamW): max \|(4 ranks - one process|ours - torch's)\|",
-    fault="ZeRO-1's step never sends the updated share (sync_parameters skipped)",
+    test_a_zero_1_that_never_sends_its_share_fails=harness.Flip(
+        ["ZeRO-1 unsent"],
+        r"ZeRO-1 (SGD|AdamW): max \|(4 ranks - one process|ours - torch's)\|",
+        "ZeRO-1's step never sends the updated share (sync_parameters skipped)",
+    ),
+    test_an_fsdp_that_never_reduces_fails=harness.Flip(
+        ["FSDP unreduced"],
+        r"FSDP (SGD|AdamW): max \|(4 ranks - one process|ours - torch's)\|",
+        "FSDP's reduce-scatter adding nothing: each rank keeps its own rows' part",
+    ),
+    test_a_wrong_zero_share_fails_the_formula=harness.Flip(
+        ["ZeRO shares"],
+        r"bytes held by kind = ZeRO-[12]'s formula",
+        "ZeRO's share computed round robin, not largest first to the least held",
+    ),
+    test_a_wrong_fsdp_share_fails_the_formula=harness.Flip(
+        ["FSDP shares"],
+        r"bytes held by kind = ZeRO-3's formula",
+        "FSDP's pieces of ceil(rows / N) + 1 rows, not torch.chunk's",
+    ),
+    test_a_dp_that_shards_fails_dps_formula=harness.Flip(
+        ["DP as ZeRO"],
+        r"DP +\[.*\]: bytes held by kind = DP's formula",
+        "the DP run built as ZeRO-2 (its `if stage == 0` branch never taken)",
+    ),
+    test_a_zero_2_that_never_reduces_fails=harness.Flip(
+        ["ZeRO-2 unreduced"],
+        r"ZeRO-2 (SGD|AdamW): max \|4 ranks - one process\|",
+        "ZeRO-2's reduce-scatter adding nothing: each owner steps on its own rows",
+        r"wire bytes of a step \d+ = ZeRO-2's formula",
+        "ZeRO-2's reduce-scatter adding nothing: each owner steps on its own rows",
+    ),
+    test_a_flat_zero_that_never_gathers_fails=harness.Flip(
+        ["flat never gathers"],
+        r"flat ZeRO-[12] (SGD|AdamW): max \|4 ranks - one process\|",
+        "FlatZero's all-gather after the step skipped: other ranks' pieces never "
+        "arrive",
+    ),
+    test_a_flat_zero_that_all_reduces_fails_the_bytes=harness.Flip(
+        ["flat all-reduced"],
+        r"flat ZeRO-[12]: wire bytes of a step \d+ = 2\(N-1\)/N x padded",
+        "FlatZero all-reducing each bucket whole, then slicing: DP's traffic",
+    ),
+    test_gradients_kept_beside_the_flat_buffer_fail_the_peak=harness.Flip(
+        ["flat copies"],
+        r"flat ZeRO-1: peak gradient bytes in backward \d+ = formula",
+        "FlatZero's view of a tensor in its flat buffer a copy: every gradient also "
+        "kept apart from the buffer",
+    ),
+    test_a_stage_2_that_waits_for_backward_fails_the_peak=harness.Flip(
+        ["flat late"],
+        r"flat ZeRO-2: peak gradient bytes in backward \d+ = formula",
+        "FlatZero's stage 2 reduce-scattering nothing before backward ends",
+    ),
+    test_an_all_reduce_for_the_reduce_scatter_fails_the_bytes=harness.Flip(
+        ["FSDP all-reduces"],
+        r"wire bytes of a step \d+ = FSDP's formula",
+        "FSDP's reduce-scatter done as an all-reduce, then sliced (twice the bytes)",
+    ),
+    test_a_resharded_root_fails_torchs_gather_count=harness.Flip(
+        ["root resharded"],
+        r"\d+ all-gathers a step, as torch's \d+",
+        "FSDP's root resharded after forward (torch's default keeps it gathered)",
+    ),
+    test_gradients_reduced_in_bf16_fail=harness.Flip(
+        ["reduced in bf16"],
+        r"bf16 params, fp32 reduce: max \|ours - torch's\|",
+        "the policy's reduce_dtype ignored: gradients reduced in bf16",
+    ),
+    test_summed_gradients_fail=harness.Flip(
+        ["summed"],
+        r"bf16 gradients: max \|ours - fp32 one process\|",
+        "FSDP's reduce-scatter without its mean: every gradient x N",
+    ),
+    test_an_ignored_sync_flag_fails=harness.Flip(
+        ["sync ignored"],
+        r"one per unit, as torch's",
+        "set_requires_gradient_sync ignored: every micro-batch reduce-scatters",
+    ),
+    test_dropped_unsent_gradients_fail=harness.Flip(
+        ["unsent dropped"],
+        r"accumulated without sync: max \|ours - (one process|torch's)\|",
+        "a unit that drops its unsent gradients instead of keeping them",
+    ),
+    test_a_local_norm_fails=harness.Flip(
+        ["local norm"],
+        r"clip_grad_norm_ to 0\.1: max \|ours - (one process|torch's)\|",
+        "the norm's all-reduce left out: each rank's norm of its pieces alone",
+    ),
+    test_unreduced_replicas_fail=harness.Flip(
+        ["replicas apart"],
+        r"HSDP 2x2 SGD: max \|(4 ranks - one process|ours - torch's)\|",
+        "HSDP's replicas never all-reduced: each averages its own rows only",
+    ),
+    test_lost_kept_rows_fail=harness.Flip(
+        ["kept rows lost"],
+        r"reshard_after_forward=2 SGD: max \|4 ranks - one process\|",
+        "the rows each rank keeps after forward lost (zeroed) before backward",
+    ),
+    test_an_ignored_int_fails=harness.Flip(
+        ["int ignored"],
+        r"its gathers before backward over 2 ranks, not 4",
+        "reshard_after_forward=2's group never made: resharded over all 4 ranks",
+    ),
+    test_a_stale_prefetch_fails=harness.Flip(
+        ["stale prefetch"],
+        r"prefetch on = off after 3 SGD steps, bit for bit",
+        "layer 0's backward prefetching the last layer, its gather used stale by the "
+        "next forward (the unit's check of its pieces removed)",
+        r"\d+ all-gathers, the same calls and wire bytes as without",
+        "a stale prefetch, and one gather launched by the last step never used",
+    ),
+    test_a_resume_without_the_optimizer_state_fails=harness.Flip(
+        ["no optimizer state"],
+        r"FSDP AdamW saved on 4, resumed on [12]: max \|resumed - never stopped\|",
+        "the chapter's load() leaving the optimizer state out (a fresh AdamW resumes)",
+    ),
+    test_dp_groups_on_the_same_rows_fail=harness.Flip(
+        ["dp groups on one's rows"],
+        r"FSDP x TP GPT (SGD|AdamW|step-1 gradients): max \|2x2 mesh - one process\|",
+        "both dp groups train on dp group 0's rows",
+    ),
+    test_a_unit_that_keeps_its_output_fails=harness.Flip(
+        ["output kept"],
+        r"activations the same for every stage and N",
+        "FSDP's post-forward hook passing the output through a Function that saves it "
+        "for backward",
+    ),
+    test_units_never_resharded_fail=harness.Flip(
+        ["never resharded"],
+        r"saved for backward by kind = formula, 4 stages x N = 1, 2, 4",
+        "reshard_after_forward ignored: every unit kept gathered after forward",
+        r"reshard_after_forward=True: gathered at most \d+ bytes at once",
+        "reshard_after_forward ignored: every unit kept gathered after forward",
+    ),
+    test_units_always_resharded_fail=harness.Flip(
+        ["always resharded"],
+        r"reshard_after_forward=False: gathered at most \d+ bytes at once",
+        "reshard_after_forward ignored: every unit resharded after forward",
+    ),
 )
-def test_a_zero_1_that_never_sends_its_share_fails(flips: Callable) -> None:
-    flips("ZeRO-1 unsent")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"FSDP (SGD|AdamW): max \|(4 ranks - one process|ours - torch's)\|",
-    fault="FSDP's reduce-scatter adding nothing: each rank keeps its own rows' part",
-)
-def test_an_fsdp_that_never_reduces_fails(flips: Callable) -> None:
-    flips("FSDP unreduced")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"bytes held by kind = ZeRO-[12]'s formula",
-    fault="ZeRO's share computed round robin, not largest first to the least held",
-)
-def test_a_wrong_zero_share_fails_the_formula(flips: Callable) -> None:
-    flips("ZeRO shares")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"bytes held by kind = ZeRO-3's formula",
-    fault="FSDP's pieces of ceil(rows / N) + 1 rows, not torch.chunk's",
-)
-def test_a_wrong_fsdp_share_fails_the_formula(flips: Callable) -> None:
-    flips("FSDP shares")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"DP +\[.*\]: bytes held by kind = DP's formula",
-    fault="the DP run built as ZeRO-2 (its `if stage == 0` branch never taken)",
-)
-def test_a_dp_that_shards_fails_dps_formula(flips: Callable) -> None:
-    flips("DP as ZeRO")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"ZeRO-2 (SGD|AdamW): max \|4 ranks - one process\|",
-    fault="ZeRO-2's reduce-scatter adding nothing: each owner steps on its own rows",
-)
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"wire bytes of a step \d+ = ZeRO-2's formula",
-    fault="ZeRO-2's reduce-scatter adding nothing: each owner steps on its own rows",
-)
-def test_a_zero_2_that_never_reduces_fails(flips: Callable) -> None:
-    flips("ZeRO-2 unreduced")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"flat ZeRO-[12] (SGD|AdamW): max \|4 ranks - one process\|",
-    fault="FlatZero's all-gather after the step skipped: other ranks' pieces never "
-    "arrive",
-)
-def test_a_flat_zero_that_never_gathers_fails(flips: Callable) -> None:
-    flips("flat never gathers")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"flat ZeRO-[12]: wire bytes of a step \d+ = 2\(N-1\)/N x padded",
-    fault="FlatZero all-reducing each bucket whole, then slicing: DP's traffic",
-)
-def test_a_flat_zero_that_all_reduces_fails_the_bytes(flips: Callable) -> None:
-    flips("flat all-reduced")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"flat ZeRO-1: peak gradient bytes in backward \d+ = formula",
-    fault="FlatZero's view of a tensor in its flat buffer a copy: every gradient "
-    "also kept apart from the buffer",
-)
-def test_gradients_kept_beside_the_flat_buffer_fail_the_peak(flips: Callable) -> None:
-    flips("flat copies")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"flat ZeRO-2: peak gradient bytes in backward \d+ = formula",
-    fault="FlatZero's stage 2 reduce-scattering nothing before backward ends",
-)
-def test_a_stage_2_that_waits_for_backward_fails_the_peak(flips: Callable) -> None:
-    flips("flat late")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"wire bytes of a step \d+ = FSDP's formula",
-    fault="FSDP's reduce-scatter done as an all-reduce, then sliced (twice the bytes)",
-)
-def test_an_all_reduce_for_the_reduce_scatter_fails_the_bytes(
-    flips: Callable,
-) -> None:
-    flips("FSDP all-reduces")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"\d+ all-gathers a step, as torch's \d+",
-    fault="FSDP's root resharded after forward (torch's default keeps it gathered)",
-)
-def test_a_resharded_root_fails_torchs_gather_count(flips: Callable) -> None:
-    flips("root resharded")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"bf16 params, fp32 reduce: max \|ours - torch's\|",
-    fault="the policy's reduce_dtype ignored: gradients reduced in bf16",
-)
-def test_gradients_reduced_in_bf16_fail(flips: Callable) -> None:
-    flips("reduced in bf16")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"bf16 gradients: max \|ours - fp32 one process\|",
-    fault="FSDP's reduce-scatter without its mean: every gradient x N",
-)
-def test_summed_gradients_fail(flips: Callable) -> None:
-    flips("summed")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"one per unit, as torch's",
-    fault="set_requires_gradient_sync ignored: every micro-batch reduce-scatters",
-)
-def test_an_ignored_sync_flag_fails(flips: Callable) -> None:
-    flips("sync ignored")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"accumulated without sync: max \|ours - (one process|torch's)\|",
-    fault="a unit that drops its unsent gradients instead of keeping them",
-)
-def test_dropped_unsent_gradients_fail(flips: Callable) -> None:
-    flips("unsent dropped")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"clip_grad_norm_ to 0\.1: max \|ours - (one process|torch's)\|",
-    fault="the norm's all-reduce left out: each rank's norm of its pieces alone",
-)
-def test_a_local_norm_fails(flips: Callable) -> None:
-    flips("local norm")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"HSDP 2x2 SGD: max \|(4 ranks - one process|ours - torch's)\|",
-    fault="HSDP's replicas never all-reduced: each averages its own rows only",
-)
-def test_unreduced_replicas_fail(flips: Callable) -> None:
-    flips("replicas apart")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"reshard_after_forward=2 SGD: max \|4 ranks - one process\|",
-    fault="the rows each rank keeps after forward lost (zeroed) before backward",
-)
-def test_lost_kept_rows_fail(flips: Callable) -> None:
-    flips("kept rows lost")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"its gathers before backward over 2 ranks, not 4",
-    fault="reshard_after_forward=2's group never made: resharded over all 4 ranks",
-)
-def test_an_ignored_int_fails(flips: Callable) -> None:
-    flips("int ignored")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"prefetch on = off after 3 SGD steps, bit for bit",
-    fault="layer 0's backward prefetching the last layer, its gather used stale by "
-    "the next forward (the unit's check of its pieces removed)",
-)
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"\d+ all-gathers, the same calls and wire bytes as without",
-    fault="a stale prefetch, and one gather launched by the last step never used",
-)
-def test_a_stale_prefetch_fails(flips: Callable) -> None:
-    flips("stale prefetch")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"FSDP AdamW saved on 4, resumed on [12]: max \|resumed - never stopped\|",
-    fault="the chapter's load() leaving the optimizer state out (a fresh AdamW "
-    "resumes)",
-)
-def test_a_resume_without_the_optimizer_state_fails(flips: Callable) -> None:
-    flips("no optimizer state")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"FSDP x TP GPT (SGD|AdamW|step-1 gradients): max \|2x2 mesh - one process\|",
-    fault="both dp groups train on dp group 0's rows",
-)
-def test_dp_groups_on_the_same_rows_fail(flips: Callable) -> None:
-    flips("dp groups on one's rows")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"activations the same for every stage and N",
-    fault="FSDP's post-forward hook passing the output through a Function that "
-    "saves it for backward",
-)
-def test_a_unit_that_keeps_its_output_fails(flips: Callable) -> None:
-    flips("output kept")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"saved for backward by kind = formula, 4 stages x N = 1, 2, 4",
-    fault="reshard_after_forward ignored: every unit kept gathered after forward",
-)
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"reshard_after_forward=True: gathered at most \d+ bytes at once",
-    fault="reshard_after_forward ignored: every unit kept gathered after forward",
-)
-def test_units_never_resharded_fail(flips: Callable) -> None:
-    flips("never resharded")
-
-
-@pytest.mark.controls(
-    "09_zero_fsdp",
-    r"reshard_after_forward=False: gathered at most \d+ bytes at once",
-    fault="reshard_after_forward ignored: every unit resharded after forward",
-)
-def test_units_always_resharded_fail(flips: Callable) -> None:
-    flips("always resharded")
+globals().update(CONTROLS.tests())

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import Any
 
 import harness
-import pytest
 import torch
 import torch.distributed as dist
 from harness import Code, Fault, Plant, Swap
@@ -297,209 +296,117 @@ FAULTS = {
 }
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "10_planner",
-    r"one process\s+[\d,]+ bytes; == formula on every rank",
-    fault="a block with dropout 0.1 (its masks kept) against the formula without",
+    test_a_block_with_dropout_is_not_the_formula=harness.Flip(
+        ["dropout kept"],
+        r"one process\s+[\d,]+ bytes; == formula on every rank",
+        "a block with dropout 0.1 (its masks kept) against the formula without",
+    ),
+    test_a_block_whose_mlp_is_whole_is_not_the_formula=harness.Flip(
+        ["MLP whole"],
+        r"TP=\d+\s+[\d,]+ bytes; == formula on every rank",
+        "a tensor-parallel block whose MLP was left whole",
+    ),
+    test_sequence_parallelism_on_every_token_is_not_the_formula=harness.Flip(
+        ["every token"],
+        r"TP=\d+ \+ SP\s+[\d,]+ bytes; == formula on every rank",
+        "sequence parallelism run on every token, not the rank's part",
+        r"TP=\d+ \+ SP, full\s+[\d,]+ bytes; == formula",
+        "a checkpointed sequence-parallel block given every token",
+    ),
+    test_checkpointing_not_applied_fails=harness.Flip(
+        ["policy not applied"],
+        r"one process, (selective|full)\s+[\d,]+ bytes; == formula",
+        "the checkpointing policy not applied (the block runs plainly)",
+        r"scores kept, selective\s+[\d,]+ bytes; == formula",
+        "selective recompute not applied under the math kernel",
+    ),
+    test_the_fused_kernel_keeps_no_scores=harness.Flip(
+        ["fused kernel"],
+        r"scores kept\s+[\d,]+ bytes; == formula",
+        "the fused kernel run where the math kernel (scores kept) was asked for",
+    ),
+    test_bytes_held_with_a_third_moment_fail=harness.Flip(
+        ["amsgrad"],
+        r"bytes a parameter; by kind == formula",
+        "AdamW with amsgrad: a third moment in the optimizer state",
+    ),
+    test_bf16_without_master_strays_from_fp32=harness.Flip(
+        ["master inverted"],
+        r"bf16, reduced in (fp32|bf16): max \|loss - fp32's\|",
+        "MixedPrecision's master read backwards: bf16 stepped without an fp32 master "
+        "where one is asked for",
+    ),
+    test_a_run_with_a_master_does_not_stray=harness.Flip(
+        ["master inverted"],
+        r"bf16, no master: strays from fp32",
+        "MixedPrecision's master read backwards: an fp32 master kept where none is "
+        "asked for",
+    ),
+    test_a_summed_or_missing_all_reduce_fails_the_step_1_gradient=harness.Flip(
+        ["summed", "never reduced"],
+        r"step-1 gradient vs one process, relative to its norm",
+        "bf16 gradients summed over the ranks (4x the mean), or never all-reduced",
+        each=True,
+    ),
+    test_reductions_in_the_other_dtype_fail=harness.Flip(
+        ["sums in the other dtype"],
+        r"all_reduce in fp32: max relative error",
+        "reduction_error's all-reduce run in bf16 where fp32 is asked",
+        r"all_reduce in bf16: .*digits lost",
+        "reduction_error's all-reduce run in fp32 where bf16 is asked",
+    ),
+    test_the_papers_count_with_wider_masks_fails=harness.Flip(
+        ["masks as values"],
+        r"= sbh\(34 \+ 5as/h\), with TP=8 and TP=8 \+ SP too",
+        "the formula counting a dropout mask at a value's bytes (2, not 1)",
+    ),
+    test_a_recompute_that_redraws_dropout_fails=harness.Flip(
+        ["dropout redrawn"],
+        r"gradients vs no checkpointing, max \|diff\|",
+        "torch's selective checkpoint, preserve_rng_state=False (dropout redrawn)",
+    ),
+    test_the_published_tables_without_a_master_fail=harness.Flip(
+        ["masterless policy"],
+        r"per-GPU model state = the ZeRO paper's Figure 1",
+        "a bf16 policy without fp32 master weights (8 bytes of optimizer state)",
+        r"= the Ultra-Scale Playbook's table",
+        "a bf16 policy without fp32 master weights (8 bytes of optimizer state)",
+    ),
+    test_a_zero3_that_gathers_once_misses_the_rule=harness.Flip(
+        ["ZeRO-3 gathers once"],
+        r"planner vs the rule, relative",
+        "a planner whose ZeRO-3 all-gathers the weights once a step, not twice",
+    ),
+    test_a_plan_that_overlaps_nothing_does_not_pick_fsdp=harness.Flip(
+        ["nothing overlapped"],
+        r"fastest is FSDP alone: \w+, its messages hidden",
+        "a planner that overlaps no data-parallel message with compute",
+    ),
+    test_a_plan_without_the_loss_region_misses_the_peaks=harness.Flip(
+        ["no loss region"],
+        r"every H200 row's peak vs the plan's total, relative",
+        "a planner without the loss region (the logits and their gradients)",
+        r"each kind's largest and the peak == the planner's",
+        "a planner without the loss region",
+    ),
+    test_autocast_planned_as_bf16_misses_its_activations=harness.Flip(
+        ["autocast as bf16"],
+        r"every H200 row's saved activations vs the plan's, relative",
+        "bf16 autocast planned as one byte count a value (the bf16 policy)",
+    ),
+    test_a_slice_and_torchs_zero1_differ_from_the_plan=harness.Flip(
+        ["slice, torch's ZeRO-1, no optimizer"],
+        r"rank 0's bytes by kind == plan.predict's",
+        "the token ids passed as a slice of a longer tensor (its storage counted)",
+        r"every rank's wire and activation bytes == the plan's",
+        "ZeRO-1 run as torch's ZeroRedundancyOptimizer (all-reduce + broadcast, 3Ψ)",
+    ),
+    test_a_plan_without_optimizer_state_misses_the_peak=harness.Flip(
+        ["slice, torch's ZeRO-1, no optimizer"],
+        r"every rank's peak vs the plan's total, relative",
+        "a planner whose total leaves out the optimizer state",
+    ),
 )
-def test_a_block_with_dropout_is_not_the_formula(flips: Callable) -> None:
-    flips("dropout kept")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"TP=\d+\s+[\d,]+ bytes; == formula on every rank",
-    fault="a tensor-parallel block whose MLP was left whole",
-)
-def test_a_block_whose_mlp_is_whole_is_not_the_formula(flips: Callable) -> None:
-    flips("MLP whole")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"TP=\d+ \+ SP\s+[\d,]+ bytes; == formula on every rank",
-    fault="sequence parallelism run on every token, not the rank's part",
-)
-@pytest.mark.controls(
-    "10_planner",
-    r"TP=\d+ \+ SP, full\s+[\d,]+ bytes; == formula",
-    fault="a checkpointed sequence-parallel block given every token",
-)
-def test_sequence_parallelism_on_every_token_is_not_the_formula(
-    flips: Callable,
-) -> None:
-    flips("every token")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"one process, (selective|full)\s+[\d,]+ bytes; == formula",
-    fault="the checkpointing policy not applied (the block runs plainly)",
-)
-@pytest.mark.controls(
-    "10_planner",
-    r"scores kept, selective\s+[\d,]+ bytes; == formula",
-    fault="selective recompute not applied under the math kernel",
-)
-def test_checkpointing_not_applied_fails(flips: Callable) -> None:
-    flips("policy not applied")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"scores kept\s+[\d,]+ bytes; == formula",
-    fault="the fused kernel run where the math kernel (scores kept) was asked for",
-)
-def test_the_fused_kernel_keeps_no_scores(flips: Callable) -> None:
-    flips("fused kernel")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"bytes a parameter; by kind == formula",
-    fault="AdamW with amsgrad: a third moment in the optimizer state",
-)
-def test_bytes_held_with_a_third_moment_fail(flips: Callable) -> None:
-    flips("amsgrad")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"bf16, reduced in (fp32|bf16): max \|loss - fp32's\|",
-    fault="MixedPrecision's master read backwards: bf16 stepped without an fp32 "
-    "master where one is asked for",
-)
-def test_bf16_without_master_strays_from_fp32(flips: Callable) -> None:
-    flips("master inverted")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"bf16, no master: strays from fp32",
-    fault="MixedPrecision's master read backwards: an fp32 master kept where none "
-    "is asked for",
-)
-def test_a_run_with_a_master_does_not_stray(flips: Callable) -> None:
-    flips("master inverted")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"step-1 gradient vs one process, relative to its norm",
-    fault="bf16 gradients summed over the ranks (4x the mean), or never all-reduced",
-)
-def test_a_summed_or_missing_all_reduce_fails_the_step_1_gradient(
-    flips: Callable,
-) -> None:
-    flips("summed")
-    flips("never reduced")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"all_reduce in fp32: max relative error",
-    fault="reduction_error's all-reduce run in bf16 where fp32 is asked",
-)
-@pytest.mark.controls(
-    "10_planner",
-    r"all_reduce in bf16: .*digits lost",
-    fault="reduction_error's all-reduce run in fp32 where bf16 is asked",
-)
-def test_reductions_in_the_other_dtype_fail(flips: Callable) -> None:
-    flips("sums in the other dtype")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"= sbh\(34 \+ 5as/h\), with TP=8 and TP=8 \+ SP too",
-    fault="the formula counting a dropout mask at a value's bytes (2, not 1)",
-)
-def test_the_papers_count_with_wider_masks_fails(flips: Callable) -> None:
-    flips("masks as values")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"gradients vs no checkpointing, max \|diff\|",
-    fault="torch's selective checkpoint, preserve_rng_state=False (dropout redrawn)",
-)
-def test_a_recompute_that_redraws_dropout_fails(flips: Callable) -> None:
-    flips("dropout redrawn")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"per-GPU model state = the ZeRO paper's Figure 1",
-    fault="a bf16 policy without fp32 master weights (8 bytes of optimizer state)",
-)
-@pytest.mark.controls(
-    "10_planner",
-    r"= the Ultra-Scale Playbook's table",
-    fault="a bf16 policy without fp32 master weights (8 bytes of optimizer state)",
-)
-def test_the_published_tables_without_a_master_fail(flips: Callable) -> None:
-    flips("masterless policy")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"planner vs the rule, relative",
-    fault="a planner whose ZeRO-3 all-gathers the weights once a step, not twice",
-)
-def test_a_zero3_that_gathers_once_misses_the_rule(flips: Callable) -> None:
-    flips("ZeRO-3 gathers once")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"fastest is FSDP alone: \w+, its messages hidden",
-    fault="a planner that overlaps no data-parallel message with compute",
-)
-def test_a_plan_that_overlaps_nothing_does_not_pick_fsdp(flips: Callable) -> None:
-    flips("nothing overlapped")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"every H200 row's peak vs the plan's total, relative",
-    fault="a planner without the loss region (the logits and their gradients)",
-)
-@pytest.mark.controls(
-    "10_planner",
-    r"each kind's largest and the peak == the planner's",
-    fault="a planner without the loss region",
-)
-def test_a_plan_without_the_loss_region_misses_the_peaks(flips: Callable) -> None:
-    flips("no loss region")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"every H200 row's saved activations vs the plan's, relative",
-    fault="bf16 autocast planned as one byte count a value (the bf16 policy)",
-)
-def test_autocast_planned_as_bf16_misses_its_activations(flips: Callable) -> None:
-    flips("autocast as bf16")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"rank 0's bytes by kind == plan.predict's",
-    fault="the token ids passed as a slice of a longer tensor (its storage counted)",
-)
-@pytest.mark.controls(
-    "10_planner",
-    r"every rank's wire and activation bytes == the plan's",
-    fault="ZeRO-1 run as torch's ZeroRedundancyOptimizer (all-reduce + broadcast, 3Ψ)",
-)
-def test_a_slice_and_torchs_zero1_differ_from_the_plan(flips: Callable) -> None:
-    flips("slice, torch's ZeRO-1, no optimizer")
-
-
-@pytest.mark.controls(
-    "10_planner",
-    r"every rank's peak vs the plan's total, relative",
-    fault="a planner whose total leaves out the optimizer state",
-)
-def test_a_plan_without_optimizer_state_misses_the_peak(flips: Callable) -> None:
-    flips("slice, torch's ZeRO-1, no optimizer")
+globals().update(CONTROLS.tests())

@@ -7,10 +7,7 @@ Each check starts its own ranks (tests/controls/harness.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import harness
-import pytest
 import torch
 import torch.distributed as dist
 from harness import Code, Fault, Plant
@@ -95,73 +92,47 @@ FAULTS = {
 }
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "11_debugging",
-    r"skipped_collective: your fix on \d ranks against one process",
-    fault="the loss all-reduced on every rank but not divided by world",
+    test_a_summed_loss_fails=harness.Flip(
+        ["SKIPPED_COLLECTIVE"],
+        r"skipped_collective: your fix on \d ranks against one process",
+        "the loss all-reduced on every rank but not divided by world",
+    ),
+    test_sorted_but_summed_gradients_fail=harness.Flip(
+        ["COLLECTIVE_ORDER"],
+        r"collective_order: your fix on \d ranks against one process",
+        "gradients all-reduced in a shared order but summed, not averaged",
+    ),
+    test_a_warmup_capped_the_wrong_way_fails=harness.Flip(
+        ["PIPELINE_MICROBATCHES"],
+        r"pipeline_microbatches: your fix on \d ranks against one process",
+        "the warm-up capped with max instead of min",
+    ),
+    test_padded_pieces_not_cut_back_fail=harness.Flip(
+        ["UNEVEN_GATHER"],
+        r"uneven_gather: your fix on \d ranks against one process",
+        "pieces padded to the largest but never cut back",
+    ),
+    test_a_seed_that_still_differs_fails=harness.Flip(
+        ["DROPOUT_SEED"],
+        r"dropout_seed: your fix on \d ranks against one process",
+        "a seed still different on each tensor-parallel rank",
+    ),
+    test_averaged_norm_gradients_fail=harness.Flip(
+        ["LAYERNORM_SP"],
+        r"layernorm_sp: your fix on \d ranks against one process",
+        "the norm's gradients averaged over ranks instead of summed",
+    ),
+    test_every_rank_given_rank_0s_share_fails=harness.Flip(
+        ["SAMPLER"],
+        r"sampler: your fix on \d ranks against one process",
+        "a DistributedSampler that gives every rank rank 0's share",
+    ),
+    test_an_unwrapped_model_fails=harness.Flip(
+        ["UNUSED_PARAMETERS"],
+        r"unused_parameters: your fix on \d ranks against one process",
+        "the model left unwrapped: no DDP, gradients never averaged",
+    ),
 )
-def test_a_summed_loss_fails(flips: Callable) -> None:
-    flips("SKIPPED_COLLECTIVE")
-
-
-@pytest.mark.controls(
-    "11_debugging",
-    r"collective_order: your fix on \d ranks against one process",
-    fault="gradients all-reduced in a shared order but summed, not averaged",
-)
-def test_sorted_but_summed_gradients_fail(flips: Callable) -> None:
-    flips("COLLECTIVE_ORDER")
-
-
-@pytest.mark.controls(
-    "11_debugging",
-    r"pipeline_microbatches: your fix on \d ranks against one process",
-    fault="the warm-up capped with max instead of min",
-)
-def test_a_warmup_capped_the_wrong_way_fails(flips: Callable) -> None:
-    flips("PIPELINE_MICROBATCHES")
-
-
-@pytest.mark.controls(
-    "11_debugging",
-    r"uneven_gather: your fix on \d ranks against one process",
-    fault="pieces padded to the largest but never cut back",
-)
-def test_padded_pieces_not_cut_back_fail(flips: Callable) -> None:
-    flips("UNEVEN_GATHER")
-
-
-@pytest.mark.controls(
-    "11_debugging",
-    r"dropout_seed: your fix on \d ranks against one process",
-    fault="a seed still different on each tensor-parallel rank",
-)
-def test_a_seed_that_still_differs_fails(flips: Callable) -> None:
-    flips("DROPOUT_SEED")
-
-
-@pytest.mark.controls(
-    "11_debugging",
-    r"layernorm_sp: your fix on \d ranks against one process",
-    fault="the norm's gradients averaged over ranks instead of summed",
-)
-def test_averaged_norm_gradients_fail(flips: Callable) -> None:
-    flips("LAYERNORM_SP")
-
-
-@pytest.mark.controls(
-    "11_debugging",
-    r"sampler: your fix on \d ranks against one process",
-    fault="a DistributedSampler that gives every rank rank 0's share",
-)
-def test_every_rank_given_rank_0s_share_fails(flips: Callable) -> None:
-    flips("SAMPLER")
-
-
-@pytest.mark.controls(
-    "11_debugging",
-    r"unused_parameters: your fix on \d ranks against one process",
-    fault="the model left unwrapped: no DDP, gradients never averaged",
-)
-def test_an_unwrapped_model_fails(flips: Callable) -> None:
-    flips("UNUSED_PARAMETERS")
+globals().update(CONTROLS.tests())

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import harness
-import pytest
 import torch
 import torch.distributed as dist
 from harness import Fault, Plant
@@ -205,115 +204,73 @@ for name, change in {
     )
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "12_experts",
-    r"route\(\) == the rule worked by hand, token by token",
-    fault="the router's capacity one more than ceil(factor x k x T / E)",
+    test_a_router_with_room_for_one_more_fails_the_hand_count=harness.Flip(
+        ["room for one more"],
+        r"route\(\) == the rule worked by hand, token by token",
+        "the router's capacity one more than ceil(factor x k x T / E)",
+    ),
+    test_a_router_serving_last_to_first_fails_the_hand_count=harness.Flip(
+        ["router last to first"],
+        r"route\(\) == the rule worked by hand, token by token",
+        "a router that serves the tokens last to first",
+    ),
+    test_experts_on_the_wrong_rank_fail=harness.Flip(
+        ["wrong block"],
+        r"MoE top-.* (outputs|loss|gradients) vs one process",
+        "each rank keeps the next rank's experts",
+    ),
+    test_capacity_of_the_whole_batch_drops_other_tokens=harness.Flip(
+        ["capacity"],
+        r"MoE top-.* drops the same assignments as one process",
+        "each rank's capacity computed for the whole batch (n x its tokens)",
+    ),
+    test_a_layer_serving_last_to_first_drops_other_tokens=harness.Flip(
+        ["layer last to first"],
+        r"MoE top-.* drops the same assignments as one process",
+        "the sharded layer serving its tokens last to first",
+    ),
+    test_padded_blocks_are_seen_by_the_ledger=harness.Flip(
+        ["padded"],
+        r"MoE top-.*ledger bytes == formula",
+        "the dispatch pads every block to a multiple of 8 rows",
+    ),
+    test_expert_gradients_summed_over_dp_fail=harness.Flip(
+        ["summed"],
+        r"dp x ep TinyGPT .* (gradients|params|loss) vs one process",
+        "expert gradients summed over dp, not averaged (x2)",
+    ),
+    test_expert_gradients_mixed_over_the_world_fail=harness.Flip(
+        ["world"],
+        r"dp x ep TinyGPT .* (gradients|params|loss) vs one process",
+        "expert gradients averaged over all ranks, mixing different experts",
+    ),
+    test_shifted_offsets_fail=harness.Flip(
+        ["shifted"],
+        r"dropless .* (outputs|loss|gradients) vs one process",
+        "the grouped matmul's block ends shifted one row early",
+    ),
+    test_a_bias_from_the_local_load_fails=harness.Flip(
+        ["local load"],
+        r"dropless .* balancing bias vs one process",
+        "the bias updated from the rank's own load, not the group's",
+    ),
+    test_a_bias_that_weighs_fails=harness.Flip(
+        ["bias weighs"],
+        r"dropless .* weights are the scores, not the bias",
+        "the balancing bias added to the gate weights",
+    ),
+    test_padded_dropless_blocks_are_seen_by_the_ledger=harness.Flip(
+        ["dropless padded"],
+        r"dropless .*ledger bytes == routed rows",
+        "the dispatch pads every block to the rank's whole dispatch (fixed buffers)",
+    ),
 )
-def test_a_router_with_room_for_one_more_fails_the_hand_count(flips: Callable) -> None:
-    flips("room for one more")
-
-
-@pytest.mark.controls(
-    "12_experts",
-    r"route\(\) == the rule worked by hand, token by token",
-    fault="a router that serves the tokens last to first",
-)
-def test_a_router_serving_last_to_first_fails_the_hand_count(flips: Callable) -> None:
-    flips("router last to first")
+globals().update(CONTROLS.tests())
 
 
 def test_the_drops_line_cannot_see_a_fault_in_route(ran: harness.Ran) -> None:
     """Why the router's line is worked by hand: the layer's check against one process
     still passes with the router's capacity wrong, as both sides call `route`."""
     harness.assert_holds(ran, "route blind spot", r"drops the same assignments")
-
-
-@pytest.mark.controls(
-    "12_experts",
-    r"MoE top-.* (outputs|loss|gradients) vs one process",
-    fault="each rank keeps the next rank's experts",
-)
-def test_experts_on_the_wrong_rank_fail(flips: Callable) -> None:
-    flips("wrong block")
-
-
-@pytest.mark.controls(
-    "12_experts",
-    r"MoE top-.* drops the same assignments as one process",
-    fault="each rank's capacity computed for the whole batch (n x its tokens)",
-)
-def test_capacity_of_the_whole_batch_drops_other_tokens(flips: Callable) -> None:
-    flips("capacity")
-
-
-@pytest.mark.controls(
-    "12_experts",
-    r"MoE top-.* drops the same assignments as one process",
-    fault="the sharded layer serving its tokens last to first",
-)
-def test_a_layer_serving_last_to_first_drops_other_tokens(flips: Callable) -> None:
-    flips("layer last to first")
-
-
-@pytest.mark.controls(
-    "12_experts",
-    r"MoE top-.*ledger bytes == formula",
-    fault="the dispatch pads every block to a multiple of 8 rows",
-)
-def test_padded_blocks_are_seen_by_the_ledger(flips: Callable) -> None:
-    flips("padded")
-
-
-@pytest.mark.controls(
-    "12_experts",
-    r"dp x ep TinyGPT .* (gradients|params|loss) vs one process",
-    fault="expert gradients summed over dp, not averaged (x2)",
-)
-def test_expert_gradients_summed_over_dp_fail(flips: Callable) -> None:
-    flips("summed")
-
-
-@pytest.mark.controls(
-    "12_experts",
-    r"dp x ep TinyGPT .* (gradients|params|loss) vs one process",
-    fault="expert gradients averaged over all ranks, mixing different experts",
-)
-def test_expert_gradients_mixed_over_the_world_fail(flips: Callable) -> None:
-    flips("world")
-
-
-@pytest.mark.controls(
-    "12_experts",
-    r"dropless .* (outputs|loss|gradients) vs one process",
-    fault="the grouped matmul's block ends shifted one row early",
-)
-def test_shifted_offsets_fail(flips: Callable) -> None:
-    flips("shifted")
-
-
-@pytest.mark.controls(
-    "12_experts",
-    r"dropless .* balancing bias vs one process",
-    fault="the bias updated from the rank's own load, not the group's",
-)
-def test_a_bias_from_the_local_load_fails(flips: Callable) -> None:
-    flips("local load")
-
-
-@pytest.mark.controls(
-    "12_experts",
-    r"dropless .* weights are the scores, not the bias",
-    fault="the balancing bias added to the gate weights",
-)
-def test_a_bias_that_weighs_fails(flips: Callable) -> None:
-    flips("bias weighs")
-
-
-@pytest.mark.controls(
-    "12_experts",
-    r"dropless .*ledger bytes == routed rows",
-    fault="the dispatch pads every block to the rank's whole dispatch (fixed buffers)",
-)
-def test_padded_dropless_blocks_are_seen_by_the_ledger(flips: Callable) -> None:
-    flips("dropless padded")

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import harness
-import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -166,135 +165,80 @@ FAULTS = {
 }
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "12b_context",
-    r"(causal|full) (zigzag|contiguous): max \|4 ranks - one process\| of out, dq",
-    fault="ring.send_home left out: the dK/dV sums stay one rank before their owner",
+    test_a_ring_without_its_last_hop_fails=harness.Flip(
+        ["no last hop"],
+        r"(causal|full) (zigzag|contiguous): max \|4 ranks - one process\| of out, dq",
+        "ring.send_home left out: the dK/dV sums stay one rank before their owner",
+    ),
+    test_a_ring_without_its_rescale_fails=harness.Flip(
+        ["no rescale"],
+        r"(causal|full) (zigzag|contiguous): max \|4 ranks - one process\| of out, dq",
+        "ring.online_update without the rescale e^(m - m') of the old sums",
+    ),
+    test_a_diagonal_masked_on_the_wrong_side_fails=harness.Flip(
+        ["upper mask"],
+        r"causal (zigzag|contiguous): max \|4 ranks - one process\| of out, dq",
+        "ring.block_mask's diagonal block masked on the wrong side (keys after)",
+    ),
+    test_a_k_v_gradient_not_summed_over_its_group_fails=harness.Flip(
+        ["first of group"],
+        r"ring, 8 q heads, [12] K/V: max \|4 ranks - one process\| of out, dq",
+        "ring.sum_over_group takes a K/V head's gradient from its first q head",
+    ),
+    test_a_ring_missing_its_last_hop_fails_the_byte_formula=harness.Flip(
+        ["no last hop"],
+        r"wire bytes of one call \d+ = the ring's formula",
+        "ring.send_home left out: one pass of dK, dV fewer on the wire",
+    ),
+    test_ulysses_with_a_wrong_head_split_fails=harness.Flip(
+        ["round robin"],
+        r"Ulysses (causal|full), [48] K/V heads: max \|4 ranks - one process\|",
+        "ulysses.head_groups deals heads round-robin; the way back takes blocks",
+    ),
+    test_ulysses_in_three_messages_fails_the_byte_formula=harness.Flip(
+        ["three messages"],
+        r"[48] K/V heads: ring attention sends \d+; Ulysses wire bytes of one call \d+",
+        "ulysses.scatter_heads sends q, k, v in three all_to_alls, not one",
+    ),
+    test_ulysses_with_expanded_k_v_fails_the_memory_formula=harness.Flip(
+        ["expanded"],
+        r"4 K/V heads: a ring rank keeps \d+ bytes for backward; Ulysses \d+, 1/4 of",
+        "K/V repeated to q's heads before Ulysses (no enable_gqa): 8 kept, not 4",
+    ),
+    test_gathering_the_sequence_fails_the_memory_checks=harness.Flip(
+        ["gathered"],
+        r"kept for backward \d+ bytes = formula",
+        "K and V all-gathered and attended at once, the whole sequence kept",
+        r"one process on SDPA's CPU kernel keeps \d+ bytes; each rank 1/4 of it",
+        "K and V all-gathered and attended at once, the whole sequence kept",
+    ),
+    test_the_other_split_fails_the_block_formula=harness.Flip(
+        ["layout ignored"],
+        r"(zigzag|contiguous): \d+ blocks computed = formula",
+        "the layout argument ignored: the other split's blocks computed",
+    ),
+    test_a_zigzag_pair_in_the_wrong_order_is_not_torchs=harness.Flip(
+        ["pair swapped"],
+        r"torch's context_parallel holds the same tokens as our zig-zag",
+        "split.chunk_ids holds the zig-zag pair late chunk first",
+    ),
+    test_faulty_dp_x_cp_fails_against_one_process=harness.Flip(
+        ["only dp", "summed dp", "from zero"],
+        r"dp x cp 2x2 (zigzag|contiguous): (step-1 gradients|parameters after 3 SGD)",
+        "gradients averaged over dp only (no cp all-reduce); summed over dp; "
+        "positions counted from 0 on every rank",
+    ),
+    test_right_positions_do_not_differ=harness.Flip(
+        ["positions right"],
+        r"positions 0\.\.T/cp-1 on every rank: gradients differ from one process",
+        "the pitfall cell's positions right (ContextGPT's own): nothing to see",
+    ),
+    test_a_step_without_the_cp_all_reduce_fails_the_byte_formula=harness.Flip(
+        ["only dp"],
+        r"wire bytes of a dp x cp step \d+ = formula",
+        "gradients averaged over dp only: the cp all-reduces never sent",
+    ),
 )
-def test_a_ring_without_its_last_hop_fails(flips: Callable) -> None:
-    flips("no last hop")
-
-
-@pytest.mark.controls(
-    "12b_context",
-    r"(causal|full) (zigzag|contiguous): max \|4 ranks - one process\| of out, dq",
-    fault="ring.online_update without the rescale e^(m - m') of the old sums",
-)
-def test_a_ring_without_its_rescale_fails(flips: Callable) -> None:
-    flips("no rescale")
-
-
-@pytest.mark.controls(
-    "12b_context",
-    r"causal (zigzag|contiguous): max \|4 ranks - one process\| of out, dq",
-    fault="ring.block_mask's diagonal block masked on the wrong side (keys after)",
-)
-def test_a_diagonal_masked_on_the_wrong_side_fails(flips: Callable) -> None:
-    flips("upper mask")
-
-
-@pytest.mark.controls(
-    "12b_context",
-    r"ring, 8 q heads, [12] K/V: max \|4 ranks - one process\| of out, dq",
-    fault="ring.sum_over_group takes a K/V head's gradient from its first q head",
-)
-def test_a_k_v_gradient_not_summed_over_its_group_fails(flips: Callable) -> None:
-    flips("first of group")
-
-
-@pytest.mark.controls(
-    "12b_context",
-    r"wire bytes of one call \d+ = the ring's formula",
-    fault="ring.send_home left out: one pass of dK, dV fewer on the wire",
-)
-def test_a_ring_missing_its_last_hop_fails_the_byte_formula(flips: Callable) -> None:
-    flips("no last hop")
-
-
-@pytest.mark.controls(
-    "12b_context",
-    r"Ulysses (causal|full), [48] K/V heads: max \|4 ranks - one process\|",
-    fault="ulysses.head_groups deals heads round-robin; the way back takes blocks",
-)
-def test_ulysses_with_a_wrong_head_split_fails(flips: Callable) -> None:
-    flips("round robin")
-
-
-@pytest.mark.controls(
-    "12b_context",
-    r"[48] K/V heads: ring attention sends \d+; Ulysses wire bytes of one call \d+",
-    fault="ulysses.scatter_heads sends q, k, v in three all_to_alls, not one",
-)
-def test_ulysses_in_three_messages_fails_the_byte_formula(flips: Callable) -> None:
-    flips("three messages")
-
-
-@pytest.mark.controls(
-    "12b_context",
-    r"4 K/V heads: a ring rank keeps \d+ bytes for backward; Ulysses \d+, 1/4 of",
-    fault="K/V repeated to q's heads before Ulysses (no enable_gqa): 8 kept, not 4",
-)
-def test_ulysses_with_expanded_k_v_fails_the_memory_formula(flips: Callable) -> None:
-    flips("expanded")
-
-
-@pytest.mark.controls(
-    "12b_context",
-    r"kept for backward \d+ bytes = formula",
-    fault="K and V all-gathered and attended at once, the whole sequence kept",
-)
-@pytest.mark.controls(
-    "12b_context",
-    r"one process on SDPA's CPU kernel keeps \d+ bytes; each rank 1/4 of it",
-    fault="K and V all-gathered and attended at once, the whole sequence kept",
-)
-def test_gathering_the_sequence_fails_the_memory_checks(flips: Callable) -> None:
-    flips("gathered")
-
-
-@pytest.mark.controls(
-    "12b_context",
-    r"(zigzag|contiguous): \d+ blocks computed = formula",
-    fault="the layout argument ignored: the other split's blocks computed",
-)
-def test_the_other_split_fails_the_block_formula(flips: Callable) -> None:
-    flips("layout ignored")
-
-
-@pytest.mark.controls(
-    "12b_context",
-    r"torch's context_parallel holds the same tokens as our zig-zag",
-    fault="split.chunk_ids holds the zig-zag pair late chunk first",
-)
-def test_a_zigzag_pair_in_the_wrong_order_is_not_torchs(flips: Callable) -> None:
-    flips("pair swapped")
-
-
-@pytest.mark.controls(
-    "12b_context",
-    r"dp x cp 2x2 (zigzag|contiguous): (step-1 gradients|parameters after 3 SGD)",
-    fault="gradients averaged over dp only (no cp all-reduce); summed over dp; "
-    "positions counted from 0 on every rank",
-)
-def test_faulty_dp_x_cp_fails_against_one_process(flips: Callable) -> None:
-    flips("only dp", "summed dp", "from zero")
-
-
-@pytest.mark.controls(
-    "12b_context",
-    r"positions 0\.\.T/cp-1 on every rank: gradients differ from one process",
-    fault="the pitfall cell's positions right (ContextGPT's own): nothing to see",
-)
-def test_right_positions_do_not_differ(flips: Callable) -> None:
-    flips("positions right")
-
-
-@pytest.mark.controls(
-    "12b_context",
-    r"wire bytes of a dp x cp step \d+ = formula",
-    fault="gradients averaged over dp only: the cp all-reduces never sent",
-)
-def test_a_step_without_the_cp_all_reduce_fails_the_byte_formula(
-    flips: Callable,
-) -> None:
-    flips("only dp")
+globals().update(CONTROLS.tests())

@@ -101,68 +101,46 @@ FAULTS = {
 }
 
 
-@pytest.mark.controls(
+CONTROLS = harness.Controls(
     "13_trainer",
-    r"every refusal is the model's shape, not a pair of flags",
-    fault="the trainer refuses FSDP with a pipeline, as it once did",
+    test_a_refused_composition_is_seen=harness.Flip(
+        ["refused"],
+        r"every refusal is the model's shape, not a pair of flags",
+        "the trainer refuses FSDP with a pipeline, as it once did",
+    ),
+    test_ranks_that_read_the_same_rows_are_seen=harness.Flip(
+        ["first rows"],
+        r"4 data-parallel ranks read one process's batch, row for row",
+        "the sampler gives every data-parallel rank the batch's first rows",
+    ),
+    test_compare_with_tp_missing_its_backward_all_reduce_fails=harness.Flip(
+        ["tp f"],
+        r"1x2x2 m2 1f1b( bf16)?: (gradients of step 1|losses of \d (sgd|adamw) steps"
+        r"|parameters after \d sgd steps) vs one process",
+        "TP's f without its backward all-reduce (edges.f the identity)",
+    ),
+    test_a_bf16_reduce_fails_the_bf16_check=harness.Flip(
+        ["bf16 reduce"],
+        r"4x1x1 bf16: gradients of step 1 vs one process",
+        "the gradients averaged over dp in bf16 where float32 is asked",
+    ),
+    test_gradients_summed_over_dp_fail_the_bf16_losses=harness.Flip(
+        ["summed"],
+        r"4x1x1 bf16: (losses of 2 sgd steps|parameters after 2 sgd steps) vs one",
+        "the gradients summed over dp, not averaged (x 4)",
+    ),
+    test_a_run_that_never_steps_learns_nothing=harness.Flip(
+        ["stuck"],
+        r"held-out loss at step 64 below what frequencies alone reach",
+        "the schedule stuck at 0: the rate never rises, nothing is learned",
+    ),
+    test_a_run_that_does_not_split_holds_more_than_its_plan=harness.Flip(
+        ["tp off"],
+        r"every rank's measured peak within 15 % of the plan",
+        "TP silently off: every rank keeps whole matrices (no parallelize_stage)",
+    ),
 )
-def test_a_refused_composition_is_seen(flips: Callable) -> None:
-    flips("refused")
-
-
-@pytest.mark.controls(
-    "13_trainer",
-    r"4 data-parallel ranks read one process's batch, row for row",
-    fault="the sampler gives every data-parallel rank the batch's first rows",
-)
-def test_ranks_that_read_the_same_rows_are_seen(flips: Callable) -> None:
-    flips("first rows")
-
-
-@pytest.mark.controls(
-    "13_trainer",
-    r"1x2x2 m2 1f1b( bf16)?: (gradients of step 1|losses of \d (sgd|adamw) steps"
-    r"|parameters after \d sgd steps) vs one process",
-    fault="TP's f without its backward all-reduce (edges.f the identity)",
-)
-def test_compare_with_tp_missing_its_backward_all_reduce_fails(flips: Callable) -> None:
-    flips("tp f")
-
-
-@pytest.mark.controls(
-    "13_trainer",
-    r"4x1x1 bf16: gradients of step 1 vs one process",
-    fault="the gradients averaged over dp in bf16 where float32 is asked",
-)
-def test_a_bf16_reduce_fails_the_bf16_check(flips: Callable) -> None:
-    flips("bf16 reduce")
-
-
-@pytest.mark.controls(
-    "13_trainer",
-    r"4x1x1 bf16: (losses of 2 sgd steps|parameters after 2 sgd steps) vs one",
-    fault="the gradients summed over dp, not averaged (x 4)",
-)
-def test_gradients_summed_over_dp_fail_the_bf16_losses(flips: Callable) -> None:
-    flips("summed")
-
-
-@pytest.mark.controls(
-    "13_trainer",
-    r"held-out loss at step 64 below what frequencies alone reach",
-    fault="the schedule stuck at 0: the rate never rises, nothing is learned",
-)
-def test_a_run_that_never_steps_learns_nothing(flips: Callable) -> None:
-    flips("stuck")
-
-
-@pytest.mark.controls(
-    "13_trainer",
-    r"every rank's measured peak within 15 % of the plan",
-    fault="TP silently off: every rank keeps whole matrices (no parallelize_stage)",
-)
-def test_a_run_that_does_not_split_holds_more_than_its_plan(flips: Callable) -> None:
-    flips("tp off")
+globals().update(CONTROLS.tests())
 
 
 # ----------------------------------------------------------- the kill drill --
