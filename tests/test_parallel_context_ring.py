@@ -11,9 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from spawned import error_of, errors_and_sent, on_ranks
 
-from distcourse.comm.ledger import Ledger
-from distcourse.launch import spawn
 from distcourse.parallel import context as cpx
 from distcourse.parallel.context import check, torch_side
 
@@ -31,20 +30,9 @@ def _refusals() -> dict[str, str]:
         "layout": lambda: cpx.ring_attention(q, q, q, layout="spiral"),
         "3-d": lambda: cpx.ring_attention(q[0], q[0], q[0]),
     }
-    got = {}
-    with Ledger() as ledger:
-        for name, case in cases.items():
-            try:
-                case()
-                got[name] = "no error"
-            except ValueError as err:
-                got[name] = str(err)
-    got["sent"] = str(len(ledger.records))
+    got = errors_and_sent(cases)
     mine = torch.randn(1, 2, 4 + 2 * dist.get_rank(), 2)  # ranks disagree on L
-    try:
-        cpx.ring_attention(mine, mine, mine)
-    except ValueError as err:
-        got["disagree"] = str(err)
+    got["disagree"] = error_of(lambda: cpx.ring_attention(mine, mine, mine))
     return got
 
 
@@ -73,9 +61,7 @@ def _run() -> dict[str, object]:
     return out
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def runs(request: pytest.FixtureRequest) -> list[dict[str, object]]:
-    return spawn(_run, request.param, timeout=60)
+runs = on_ranks(_run, 2, 4, timeout=60)
 
 
 @pytest.mark.parametrize("layout", cpx.LAYOUTS)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from spawned import errors_and_sent, on_ranks
 
-from distcourse.comm.ledger import Ledger
-from distcourse.launch import spawn
 from distcourse.parallel import context as cpx
 from distcourse.parallel.context import check
 
@@ -28,16 +27,7 @@ def _refusals(cp: int) -> dict[str, str]:
         "kv heads": lambda: cpx.ulysses_attention(q, kv, kv),
         "groups": lambda: cpx.ulysses_attention(q, *[torch.randn(1, 3, 4, 2)] * 2),
     }
-    got = {}
-    with Ledger() as ledger:
-        for name, case in cases.items():
-            try:
-                case()
-                got[name] = "no error"
-            except ValueError as err:
-                got[name] = str(err)
-    got["sent"] = str(len(ledger.records))
-    return got
+    return errors_and_sent(cases)
 
 
 def _run() -> dict[str, object]:
@@ -59,9 +49,7 @@ def _run() -> dict[str, object]:
     return out
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def runs(request: pytest.FixtureRequest) -> list[dict[str, object]]:
-    return spawn(_run, request.param, timeout=60)
+runs = on_ranks(_run, 2, 4, timeout=60)
 
 
 @pytest.mark.parametrize("layout", cpx.LAYOUTS)

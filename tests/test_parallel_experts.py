@@ -11,11 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import disagreements, timed_error
+from helpers import disagreements, refused_alike, timed_error
+from spawned import names_each_case, on_ranks, once, refused_before_any_group
 
-from distcourse.checks import outcomes
 from distcourse.examples.gpt import GPTConfig
-from distcourse.launch import spawn
 from distcourse.parallel import experts, hybrid
 from distcourse.parallel.experts import cost
 
@@ -40,9 +39,7 @@ def _layers() -> dict[str, dict]:
     return found
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def runs(request: pytest.FixtureRequest) -> list[dict[str, dict]]:
-    return spawn(_layers, request.param, timeout=120)
+runs = on_ranks(_layers, 2, 4, timeout=120)
 
 
 def test_the_layer_equals_one_process(runs: list[dict[str, dict]]) -> None:
@@ -89,22 +86,18 @@ def test_dp_by_ep_equals_one_process(runs: list[dict[str, dict]]) -> None:
 
 
 def _bad_input() -> list[str]:
-    groups = dist.distributed_c10d.get_pg_count()
-    cases = {
-        "experts": lambda: experts.shard_experts(experts.MoE(8, 3), None),
-        "top_k": lambda: experts.MoE(8, 4, top_k=5),
-        "capacity": lambda: experts.MoE(8, 4, capacity_factor=0.0),
-        "config": lambda: experts.MoEConfig(n_experts=4, capacity_factor=-1.0),
-    }
-    said = outcomes(cases)
-    assert dist.distributed_c10d.get_pg_count() == groups  # no group made
-    return said
+    return refused_before_any_group(
+        {
+            "experts": lambda: experts.shard_experts(experts.MoE(8, 3), None),
+            "top_k": lambda: experts.MoE(8, 4, top_k=5),
+            "capacity": lambda: experts.MoE(8, 4, capacity_factor=0.0),
+            "config": lambda: experts.MoEConfig(n_experts=4, capacity_factor=-1.0),
+        }
+    )
 
 
 def test_bad_input_is_refused_on_every_rank() -> None:
-    said = spawn(_bad_input, 2, timeout=30)
-    assert said[0] == said[1]
-    assert said[0] == [
+    assert refused_alike(_bad_input) == [
         "experts: n_experts=3 is not divisible by ep size 2",
         "top_k: top_k=5 is larger than the 4 experts",
         "capacity: capacity_factor must be positive, got 0.0: an expert with no "
@@ -158,44 +151,24 @@ def _disagreeing() -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def disagreeing() -> list[dict]:
-    return disagreements(_disagreeing)
+disagreeing = once(lambda: disagreements(_disagreeing))
 
-
-def test_an_expert_count_that_differs_is_named(disagreeing: list[dict]) -> None:
-    said = [r["count"][0] for r in disagreeing]
-    assert said[0] == said[1]
-    assert said[0] == (
+NAMED = {  # a case of _disagreeing -> its whole error, or words of "rank 1 differs"
+    "count": (  # an expert count
         "ValueError: shard_experts: rank(s) [1] differ from rank 0 (rank 1: "
         "settings {'n_experts': 6, 'top_k': 1, 'capacity': 1.25} where rank 0 has "
         "{'n_experts': 4, 'top_k': 1, 'capacity': 1.25}); every rank must build "
         "the same model with the same arguments"
-    )
+    ),
+    "shape": (  # expert shapes
+        "shard_experts: rank(s) [1] differ from rank 0",
+        "gate.weight float32[4, 9] where rank 0 has gate.weight float32[4, 8]",
+    ),
+    "top_k": ("'top_k': 2",),
+    "model": (  # the dense layers: rank 1's vocabulary
+        "parallelize: rank(s) [1] differ from rank 0",
+        "tok.weight float32[65, 32] where rank 0 has tok.weight float32[64, 32]",
+    ),
+}
 
-
-def test_expert_shapes_that_differ_are_named(disagreeing: list[dict]) -> None:
-    said = [r["shape"][0] for r in disagreeing]
-    assert said[0] == said[1]
-    assert "shard_experts: rank(s) [1] differ from rank 0" in said[0]
-    assert (
-        "gate.weight float32[4, 9] where rank 0 has gate.weight float32[4, 8]"
-        in (said[0])
-    )
-
-
-def test_a_top_k_that_differs_is_named(disagreeing: list[dict]) -> None:
-    said = [r["top_k"][0] for r in disagreeing]
-    assert said[0] == said[1]
-    assert "rank(s) [1] differ from rank 0" in said[0]
-    assert "'top_k': 2" in said[0]
-
-
-def test_a_model_whose_dense_layers_differ_is_named(disagreeing: list[dict]) -> None:
-    said = [r["model"][0] for r in disagreeing]
-    assert said[0] == said[1]
-    assert "parallelize: rank(s) [1] differ from rank 0" in said[0]
-    assert (
-        "tok.weight float32[65, 32] where rank 0 has tok.weight float32[64, 32]"
-        in (said[0])
-    )
+test_each_bad_call_is_named_alike_on_every_rank = names_each_case(NAMED)

@@ -9,11 +9,11 @@ plants faults under the same checks."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.distributed as dist
+from helpers import refused_alike
+from spawned import on_ranks, refused_before_any_group
 
-from distcourse.checks import outcomes
 from distcourse.launch import spawn
 from distcourse.parallel import experts
 from distcourse.parallel.experts import cost
@@ -32,9 +32,7 @@ def _layers() -> dict[str, dict]:
     }
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def runs(request: pytest.FixtureRequest) -> list[dict[str, dict]]:
-    return spawn(_layers, request.param, timeout=120)
+runs = on_ranks(_layers, 2, 4, timeout=120)
 
 
 def test_dropless_equals_one_process(runs: list[dict[str, dict]]) -> None:
@@ -105,21 +103,17 @@ def test_the_bias_update_follows_the_load() -> None:
 
 
 def _bad_input() -> list[str]:
-    groups = dist.distributed_c10d.get_pg_count()
-    cases = {
-        "experts": lambda: experts.shard_dropless(experts.DroplessMoE(8, 3), None),
-        "score": lambda: experts.DroplessMoE(8, 4, score="relu"),
-        "shared": lambda: experts.DroplessMoE(8, 4, n_shared=-1),
-    }
-    said = outcomes(cases)
-    assert dist.distributed_c10d.get_pg_count() == groups  # no group made
-    return said
+    return refused_before_any_group(
+        {
+            "experts": lambda: experts.shard_dropless(experts.DroplessMoE(8, 3), None),
+            "score": lambda: experts.DroplessMoE(8, 4, score="relu"),
+            "shared": lambda: experts.DroplessMoE(8, 4, n_shared=-1),
+        }
+    )
 
 
 def test_bad_input_is_refused_on_every_rank() -> None:
-    said = spawn(_bad_input, 2, timeout=30)
-    assert said[0] == said[1]
-    assert said[0] == [
+    assert refused_alike(_bad_input) == [
         "experts: n_experts=3 is not divisible by ep size 2",
         "score: score must be one of ('softmax', 'sigmoid'), got 'relu'",
         "shared: n_shared must be 0 or more, got -1",

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from helpers import disagreements, refused_alike, timed_error
+from spawned import assert_rejected, names_each_case, on_ranks, once
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -152,9 +153,7 @@ def _ledger(rank: int) -> dict:
     )
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def results(request: pytest.FixtureRequest) -> list[dict]:
-    return spawn(_on_ranks, request.param, timeout=30)
+results = on_ranks(_on_ranks, 2, 4, timeout=30)
 
 
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
@@ -289,42 +288,23 @@ def _disagreeing() -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def disagreeing() -> list[dict]:
-    return disagreements(_disagreeing)
+disagreeing = once(lambda: disagreements(_disagreeing))
 
+NAMED = {  # a case of _disagreeing -> its whole error, or words of "rank 1 differs"
+    "shape": (  # a model of another shape on one rank
+        "ValueError: fully_shard: rank(s) [1] differ from rank 0 (rank 1: "
+        "Linear.weight float32[9, 10] where rank 0 has Linear.weight "
+        "float32[7, 10]); every rank must build the same model with the same "
+        "arguments"
+    ),
+    "dtype": ("Net.blocks.0.0.weight float64[10, 6] where rank 0 has",),
+    "reshard": ("'reshard_after_forward': True",),  # other settings
+}
 
-def test_a_model_of_another_shape_on_one_rank_is_named(disagreeing: list[dict]) -> None:
-    said = [r["shape"][0] for r in disagreeing]
-    assert (
-        said[0]
-        == said[1]
-        == (
-            "ValueError: fully_shard: rank(s) [1] differ from rank 0 (rank 1: "
-            "Linear.weight float32[9, 10] where rank 0 has Linear.weight "
-            "float32[7, 10]); every rank must build the same model with the same "
-            "arguments"
-        )
-    )
-
-
-def test_a_model_of_another_dtype_on_one_rank_is_named(disagreeing: list[dict]) -> None:
-    said = [r["dtype"][0] for r in disagreeing]
-    assert said[0] == said[1]
-    assert "rank(s) [1] differ from rank 0" in said[0]
-    assert "Net.blocks.0.0.weight float64[10, 6] where rank 0 has" in said[0]
-
-
-def test_other_settings_on_one_rank_are_named(disagreeing: list[dict]) -> None:
-    said = [r["reshard"][0] for r in disagreeing]
-    assert said[0] == said[1]
-    assert "rank(s) [1] differ from rank 0" in said[0]
-    assert "'reshard_after_forward': True" in said[0]
+test_each_bad_call_is_named_alike_on_every_rank = names_each_case(NAMED)
 
 
 def test_a_rank_that_rejects_its_arguments_is_named(disagreeing: list[dict]) -> None:
-    rank0, rank1 = (r["twice"][0] for r in disagreeing)
-    assert rank0 == (
-        "ValueError: fully_shard: rank(s) [1] rejected their arguments; stopping"
+    assert_rejected(
+        disagreeing, "twice", "fully_shard", "already applied to this Sequential"
     )
-    assert "already applied to this Sequential" in rank1

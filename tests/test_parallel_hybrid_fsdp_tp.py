@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from spawned import on_ranks
 from torch import nn
 
 from distcourse.examples import sharding as ex
-from distcourse.launch import spawn
 from distcourse.mesh import Mesh
 from distcourse.parallel.hybrid import fsdp_tp
 from distcourse.parallel.hybrid.fsdp_tp import full_state_dict, parallelize_mlp
@@ -96,9 +96,7 @@ def _gpt(mesh: Mesh) -> dict:
     return out
 
 
-@pytest.fixture(scope="module")
-def results() -> list[dict]:
-    return spawn(_on_ranks, 4, timeout=60)
+results = on_ranks(_on_ranks, 4, timeout=60)
 
 
 def test_gradients_of_step_1_are_one_process(results: list[dict]) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from spawned import on_ranks
 
 from distcourse.examples.gpt import TinyGPT, lm_loss, token_batches
-from distcourse.launch import spawn
 from distcourse.parallel.precision import (
     BF16,
     FP32,
@@ -66,9 +66,7 @@ def _on_ranks() -> dict:
     return out
 
 
-@pytest.fixture(scope="module")
-def ranks() -> list[dict]:
-    return spawn(_on_ranks, 2, timeout=40)
+ranks = on_ranks(_on_ranks, 2, timeout=40)
 
 
 def test_bytes_held_are_2_2_4_8_in_bf16_and_4_4_8_in_fp32(ranks: list[dict]) -> None:

@@ -13,7 +13,7 @@ import helpers
 import pytest
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from spawned import assert_within, max_diff
 
 from distcourse.comm.ledger import Ledger
 from distcourse.examples.gpt import MLP, Block, GPTConfig, SelfAttention
@@ -28,11 +28,6 @@ from distcourse.parallel.tensor import (
 TOL = 1e-5
 B, T, H = 2, 8, 16
 CHECK = 112  # bytes of one agreement descriptor (comm.agree)
-
-
-def _diff(a: Tensor, b: Tensor) -> float:
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return (a - b).abs().max().item()
 
 
 def _one_process_equal(sp: bool) -> dict[str, float]:
@@ -56,8 +51,7 @@ def _one_process_equal(sp: bool) -> dict[str, float]:
     "world_size, sp", [(2, False), (2, True), (4, True)], ids=["2", "2-sp", "4-sp"]
 )
 def test_mlp_attention_block_equal_one_process(world_size: int, sp: bool) -> None:
-    for diffs in spawn(_one_process_equal, world_size, sp, timeout=20):
-        assert len(diffs) > 20 and max(diffs.values()) <= TOL, diffs
+    assert_within(_one_process_equal, world_size, sp, tol=TOL, at_least=21)
 
 
 def _mlp_ledger(sp: bool) -> list[tuple[str, int]]:
@@ -140,17 +134,16 @@ def _against_torch() -> dict[str, float]:
     y_ours, y_theirs = ours(x), theirs(x)
     (y_ours**2).sum().backward()
     (y_theirs**2).sum().backward()
-    diffs = {"output": _diff(y_ours, y_theirs)}
+    diffs = {"output": max_diff(y_ours, y_theirs)}
     for name, p in theirs.named_parameters():
         grad = p.grad.to_local() if p.grad.placements[0].is_shard() else p.grad
         grad = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
-        diffs[f"{name} grad"] = _diff(ours.get_parameter(name).grad, grad)
+        diffs[f"{name} grad"] = max_diff(ours.get_parameter(name).grad, grad)
     return diffs
 
 
 def test_sequence_parallel_block_equals_torch_parallelize_module() -> None:
-    for diffs in spawn(_against_torch, 2, timeout=20):
-        assert len(diffs) > 15 and max(diffs.values()) <= TOL, diffs
+    assert_within(_against_torch, 2, tol=TOL, at_least=16)
 
 
 def _heads_not_divisible() -> str:

@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import Tensor, nn
+from spawned import assert_within, max_diff
+from torch import nn
 
 from distcourse.comm.ledger import Ledger
 from distcourse.launch import spawn
@@ -24,11 +25,6 @@ from distcourse.parallel.tensor import (
 )
 
 TOL = 1e-5
-
-
-def _diff(a: Tensor, b: Tensor) -> float:
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return (a - b).abs().max().item()
 
 
 def _column_then_row() -> dict[str, float]:
@@ -43,23 +39,23 @@ def _column_then_row() -> dict[str, float]:
     y = row(F.gelu(col(x2)))
     (y**2).sum().backward()
     diffs = {
-        "output": _diff(y, proj(F.gelu(fc(x)))),
-        "input grad": _diff(x2.grad, x.grad),
-        "column weight grad": _diff(col.weight.grad, fc.weight.grad.chunk(n, 0)[r]),
-        "column bias grad": _diff(col.bias.grad, fc.bias.grad.chunk(n, 0)[r]),
-        "row weight grad": _diff(row.weight.grad, proj.weight.grad.chunk(n, 1)[r]),
-        "row bias grad": _diff(row.bias.grad, proj.bias.grad),
+        "output": max_diff(y, proj(F.gelu(fc(x)))),
+        "input grad": max_diff(x2.grad, x.grad),
+        "column weight grad": max_diff(col.weight.grad, fc.weight.grad.chunk(n, 0)[r]),
+        "column bias grad": max_diff(col.bias.grad, fc.bias.grad.chunk(n, 0)[r]),
+        "row weight grad": max_diff(row.weight.grad, proj.weight.grad.chunk(n, 1)[r]),
+        "row bias grad": max_diff(row.bias.grad, proj.bias.grad),
     }
     # the other two modes: a gathered output, a full input split inside the layer
     x3 = x.detach().clone().requires_grad_()
     whole = ColumnParallelLinear.from_linear(fc, gather_output=True)(x3)
-    diffs["gathered output"] = _diff(whole, fc(x))
+    diffs["gathered output"] = max_diff(whole, fc(x))
     h = torch.randn(3, 5, 12, requires_grad=True)
     h2 = h.detach().clone().requires_grad_()
     split = RowParallelLinear.from_linear(proj, input_is_parallel=False)
     split(h2).sum().backward()
     proj(h).sum().backward()
-    diffs["split input grad"] = _diff(h2.grad, h.grad)
+    diffs["split input grad"] = max_diff(h2.grad, h.grad)
     # the way back is exact: gathering the slices gives the original weights
     for layer, lin in ((col, fc), (row, proj)):
         back = layer.to_linear()
@@ -69,8 +65,7 @@ def _column_then_row() -> dict[str, float]:
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_column_and_row_parallel_equal_one_linear(world_size: int) -> None:
-    for diffs in spawn(_column_then_row, world_size, timeout=20):
-        assert max(diffs.values()) <= TOL, diffs
+    assert_within(_column_then_row, world_size, tol=TOL)
 
 
 def _against_torch() -> dict[str, float]:
@@ -96,17 +91,18 @@ def _against_torch() -> dict[str, float]:
     (y_theirs**2).sum().backward()
     (y_ours**2).sum().backward()
     return {
-        "output": _diff(y_ours, y_theirs),
-        "column weight grad": _diff(col.weight.grad, theirs[0].weight.grad.to_local()),
-        "column bias grad": _diff(col.bias.grad, theirs[0].bias.grad.to_local()),
-        "row weight grad": _diff(row.weight.grad, theirs[2].weight.grad.to_local()),
-        "row bias grad": _diff(row.bias.grad, theirs[2].bias.grad.full_tensor()),
+        "output": max_diff(y_ours, y_theirs),
+        "column weight grad": max_diff(
+            col.weight.grad, theirs[0].weight.grad.to_local()
+        ),
+        "column bias grad": max_diff(col.bias.grad, theirs[0].bias.grad.to_local()),
+        "row weight grad": max_diff(row.weight.grad, theirs[2].weight.grad.to_local()),
+        "row bias grad": max_diff(row.bias.grad, theirs[2].bias.grad.full_tensor()),
     }
 
 
 def test_equal_to_torch_parallelize_module() -> None:
-    for diffs in spawn(_against_torch, 2, timeout=20):
-        assert max(diffs.values()) <= TOL, diffs
+    assert_within(_against_torch, 2, tol=TOL)
 
 
 def _errors(case: str, group: dist.ProcessGroup) -> tuple[str, list[str]]:

@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import Tensor, nn
+from spawned import assert_within, error_of, max_diff
+from torch import nn
 
 from distcourse.comm.ledger import Ledger
 from distcourse.launch import spawn
@@ -23,11 +24,6 @@ from distcourse.parallel.tensor import (
 
 TOL = 1e-5
 B, T, C, V = 3, 5, 8, 24
-
-
-def _diff(a: Tensor, b: Tensor) -> float:
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return (a - b).abs().max().item()
 
 
 def _one_process_equal() -> dict[str, float]:
@@ -51,9 +47,9 @@ def _one_process_equal() -> dict[str, float]:
     assert reduces == [B * T * C * 4, B * T * 4, 2 * B * T * 4], reduces
     return {
         "loss": abs(ploss.item() - loss.item()),
-        "embedding grad": _diff(pemb.weight.grad, emb.weight.grad.chunk(n, 0)[r]),
-        "head grad": _diff(phead.weight.grad, head.weight.grad.chunk(n, 0)[r]),
-        "per-token loss": _diff(
+        "embedding grad": max_diff(pemb.weight.grad, emb.weight.grad.chunk(n, 0)[r]),
+        "head grad": max_diff(phead.weight.grad, head.weight.grad.chunk(n, 0)[r]),
+        "per-token loss": max_diff(
             vocab_parallel_cross_entropy(plogits, target, reduction="none"),
             F.cross_entropy(
                 logits.flatten(0, 1), target.flatten(), reduction="none"
@@ -64,8 +60,7 @@ def _one_process_equal() -> dict[str, float]:
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_embedding_and_cross_entropy_equal_one_process(world_size: int) -> None:
-    for diffs in spawn(_one_process_equal, world_size, timeout=20):
-        assert max(diffs.values()) <= TOL, diffs
+    assert_within(_one_process_equal, world_size, tol=TOL)
 
 
 def _against_torch() -> dict[str, float]:
@@ -99,18 +94,17 @@ def _against_torch() -> dict[str, float]:
     their_rows = theirs[0].weight.grad.full_tensor().chunk(n, 0)[r]
     return {
         "loss": abs(loss.item() - loss_theirs.full_tensor().item()),
-        "embedding grad": _diff(emb.weight.grad, their_rows),
-        "head grad": _diff(head.weight.grad, theirs[1].weight.grad.to_local()),
+        "embedding grad": max_diff(emb.weight.grad, their_rows),
+        "head grad": max_diff(head.weight.grad, theirs[1].weight.grad.to_local()),
     }
 
 
 def test_equal_to_torch_rowwise_embedding_and_loss_parallel() -> None:
-    for diffs in spawn(_against_torch, 2, timeout=20):
-        assert max(diffs.values()) <= TOL, diffs
+    assert_within(_against_torch, 2, tol=TOL)
 
 
 def _bad_input() -> list[str]:
-    r, errors = dist.get_rank(), []
+    r = dist.get_rank()
     emb = VocabParallelEmbedding(V, C)
     logits = torch.randn(B, T, V // dist.get_world_size())
     cases = [
@@ -120,13 +114,7 @@ def _bad_input() -> list[str]:
         lambda: vocab_parallel_cross_entropy(logits, torch.zeros(B, T + 1).long()),
         lambda: vocab_parallel_cross_entropy(logits, torch.full((B, T), V)),
     ]
-    for case in cases:
-        try:
-            case()
-            errors.append("no error")
-        except ValueError as err:
-            errors.append(str(err))
-    return errors
+    return [error_of(case) for case in cases]
 
 
 def test_bad_input_is_an_error_on_every_rank() -> None:

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from helpers import disagreements, timed_error
+from spawned import assert_rejected, names_each_case, on_ranks, once
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 from torch.nn.parallel import DistributedDataParallel
@@ -151,9 +152,7 @@ def _family(op: str) -> str:
     return op
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def results(request: pytest.FixtureRequest) -> list[dict]:
-    return spawn(_on_ranks, request.param, timeout=30)
+results = on_ranks(_on_ranks, 2, 4, timeout=30)
 
 
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
@@ -278,51 +277,36 @@ def _disagreeing() -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def disagreeing() -> list[dict]:
-    return disagreements(_disagreeing)
+disagreeing = once(lambda: disagreements(_disagreeing))
 
-
-def test_a_model_of_another_shape_on_one_rank_is_named(disagreeing: list[dict]) -> None:
-    said = [r["shape"][0] for r in disagreeing]
-    assert said[0] == said[1]
-    assert said[0] == (
+NAMED = {  # a case of _disagreeing -> its whole error, or words of "rank 1 differs"
+    "shape": (  # a model of another shape on one rank
         "ValueError: ZeroRedundancyOptimizer: rank(s) [1] differ from rank 0 "
         "(rank 1: group 0 param 0 float32[3, 5] where rank 0 has group 0 param 0 "
         "float32[3, 4]); every rank must build the same model with the same "
         "arguments"
-    )
+    ),
+    "adam": (  # an optimizer class that is not one, on every rank
+        "TypeError: ZeroRedundancyOptimizer: optimizer_class must be a "
+        "torch.optim.Optimizer class such as torch.optim.AdamW, got 'adam'"
+    ),
+    "lr": ("'lr': 1.1} where rank 0 has",),  # other options on one rank
+    "buffer": (  # ShardedDDP, a buffer of another shape on one rank
+        "ShardedDDP: rank(s) [1] differ from rank 0",
+        "scale float32[3] where rank 0 has scale float32[2]",
+    ),
+}
 
-
-def test_an_optimizer_class_that_is_not_one_is_named(disagreeing: list[dict]) -> None:
-    for said, _ in (r["adam"] for r in disagreeing):
-        assert said == (
-            "TypeError: ZeroRedundancyOptimizer: optimizer_class must be a "
-            "torch.optim.Optimizer class such as torch.optim.AdamW, got 'adam'"
-        )
+test_each_bad_call_is_named_alike_on_every_rank = names_each_case(NAMED)
 
 
 def test_a_bad_optimizer_class_on_one_rank_is_named(disagreeing: list[dict]) -> None:
-    rank0, rank1 = (r["adam on 1"][0] for r in disagreeing)
-    assert rank0 == (
-        "ValueError: ZeroRedundancyOptimizer: rank(s) [1] rejected their arguments; "
-        "stopping"
+    assert_rejected(
+        disagreeing,
+        "adam on 1",
+        "ZeroRedundancyOptimizer",
+        "optimizer_class must be a torch.optim.Optimizer class",
     )
-    assert "optimizer_class must be a torch.optim.Optimizer class" in rank1
-
-
-def test_other_options_on_one_rank_are_named(disagreeing: list[dict]) -> None:
-    said = [r["lr"][0] for r in disagreeing]
-    assert said[0] == said[1]
-    assert "rank(s) [1] differ from rank 0" in said[0]
-    assert "'lr': 1.1} where rank 0 has" in said[0]
-
-
-def test_sharded_ddp_names_a_buffer_of_another_shape(disagreeing: list[dict]) -> None:
-    said = [r["buffer"][0] for r in disagreeing]
-    assert said[0] == said[1]
-    assert "ShardedDDP: rank(s) [1] differ from rank 0" in said[0]
-    assert "scale float32[3] where rank 0 has scale float32[2]" in said[0]
 
 
 def test_expected_shares_come_from_the_shapes_as_torch_would_cut_them() -> None:

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from helpers import chain_batch, disagreements, tanh_chain, timed_error
+from spawned import assert_differs, on_ranks, once, said_alike
 from torch import nn
 
 from distcourse import runtime
@@ -175,9 +176,7 @@ def _on_ranks() -> dict:
     return out
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def results(request: pytest.FixtureRequest) -> list[dict]:
-    return spawn(_on_ranks, request.param, timeout=30)
+results = on_ranks(_on_ranks, 2, 4, timeout=30)
 
 
 def _layout(world: int, cap: float) -> FlatLayout:
@@ -303,15 +302,11 @@ def _disagreeing() -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def disagreeing() -> list[dict]:
-    return disagreements(_disagreeing)
+disagreeing = once(lambda: disagreements(_disagreeing))
 
 
 def test_a_model_of_another_shape_on_one_rank_is_named(disagreeing: list[dict]) -> None:
-    said = [r["shape"][0] for r in disagreeing]
-    assert said[0] == said[1]
-    assert said[0] == (
+    assert said_alike(disagreeing, "shape") == (
         "ValueError: FlatZero: rank(s) [1] differ from rank 0 (rank 1: 0.weight "
         "float32[3, 5] where rank 0 has 0.weight float32[3, 4]); every rank must "
         "build the same model with the same arguments"
@@ -326,10 +321,7 @@ def test_bad_arguments_are_named_on_every_rank(disagreeing: list[dict]) -> None:
         )
         assert r["class"][0].startswith("TypeError: FlatZero: optimizer_class must")
         assert r["cap"][0] == "ValueError: FlatZero: bucket_cap_mb must be > 0, got 0"
-    said = [r["stage on 1"][0] for r in disagreeing]
-    assert said[0] == said[1]
-    assert "rank(s) [1] differ from rank 0" in said[0]
-    assert "'stage': 2" in said[0]
+    assert_differs(disagreeing, "stage on 1", "'stage': 2")
 
 
 def _no_gradient() -> str:
