@@ -28,10 +28,15 @@ def _all_reduce(right: bool) -> list[float]:
     return total.cpu().tolist()
 
 
-def _isend(right: bool) -> list[float]:
+def _pair() -> tuple[torch.Tensor, int, torch.Tensor]:
+    """What two ranks exchange: this rank's tensor (filled with its rank), the peer,
+    and the tensor that receives the peer's, on the device."""
     x = torch.full((4,), float(dist.get_rank()), device=runtime.device())
-    peer = 1 - dist.get_rank()
-    into = torch.empty(4, device=runtime.device())
+    return x, 1 - dist.get_rank(), torch.empty(4, device=runtime.device())
+
+
+def _isend(right: bool) -> list[float]:
+    x, peer, into = _pair()
     send, recv = dist.isend(x, peer), dist.irecv(into, peer)
     if right:
         send.wait()
@@ -42,9 +47,7 @@ def _isend(right: bool) -> list[float]:
 
 
 def _irecv_read(right: bool) -> list[float]:
-    x = torch.full((4,), float(dist.get_rank()), device=runtime.device())
-    peer = 1 - dist.get_rank()
-    into = torch.empty(4, device=runtime.device())
+    x, peer, into = _pair()
     works = dist.batch_isend_irecv(
         [dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, into, peer)]
     )

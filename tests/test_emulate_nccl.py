@@ -135,13 +135,17 @@ def test_tags_relied_on_are_refused() -> None:
     assert "rank 1's receive #0 from rank 0 (tag 2" in str(caught.value)
 
 
-def _send_then_receive(n: int) -> float:
+def _exchange(n: int) -> tuple[dist.ProcessGroup, int, torch.Tensor, torch.Tensor]:
+    """An exchange of `n` numbers with the other of 2 ranks on the emulated NCCL:
+    the group, the peer, this rank's tensor (filled with its rank) and the one that
+    receives the peer's, on the device."""
     g, d = _group(), runtime.device()
-    peer = 1 - dist.get_rank()
-    mine, theirs = (
-        torch.full((n,), float(dist.get_rank()), device=d),
-        torch.empty(n, device=d),
-    )
+    mine = torch.full((n,), float(dist.get_rank()), device=d)
+    return g, 1 - dist.get_rank(), mine, torch.empty(n, device=d)
+
+
+def _send_then_receive(n: int) -> float:
+    g, peer, mine, theirs = _exchange(n)
     dist.send(mine, peer, group=g)
     dist.recv(theirs, peer, group=g)
     return theirs[0].item()
@@ -163,12 +167,7 @@ def test_send_before_receive_below_the_eager_size_passes() -> None:
 
 
 def _batched(n: int) -> float:
-    g, d = _group(), runtime.device()
-    peer = 1 - dist.get_rank()
-    mine, theirs = (
-        torch.full((n,), float(dist.get_rank()), device=d),
-        torch.empty(n, device=d),
-    )
+    g, peer, mine, theirs = _exchange(n)
     ops = [
         dist.P2POp(dist.isend, mine, peer, g),
         dist.P2POp(dist.irecv, theirs, peer, g),
@@ -187,34 +186,26 @@ def test_batch_isend_irecv_of_the_same_exchange_passes() -> None:
     assert spawn(_batched, 2, BIG, backend="emulated", timeout=10) == [1.0, 0.0]
 
 
-def _timed_without_synchronize() -> None:
+def _timed(synchronize_after: bool) -> bool:
+    """An all_reduce timed with the host's clock: right only with a synchronize
+    after the work, before the second reading."""
     g = _group()
     x = torch.ones(4, device=runtime.device())
     timing.synchronize()
     start = timing.clock()
     dist.all_reduce(x, group=g)
-    timing.clock() - start
+    if synchronize_after:
+        timing.synchronize()
+    return timing.clock() >= start
 
 
 def test_timing_without_synchronize_is_refused() -> None:
     with pytest.raises(RankError, match="timing rule"):
-        spawn(_timed_without_synchronize, 2, backend="emulated", timeout=10)
-
-
-def _timed_with_synchronize() -> bool:
-    g = _group()
-    x = torch.ones(4, device=runtime.device())
-    timing.synchronize()
-    start = timing.clock()
-    dist.all_reduce(x, group=g)
-    timing.synchronize()
-    return timing.clock() >= start
+        spawn(_timed, 2, False, backend="emulated", timeout=10)
 
 
 def test_timing_with_synchronize_passes() -> None:
-    assert (
-        spawn(_timed_with_synchronize, 2, backend="emulated", timeout=10) == [True] * 2
-    )
+    assert spawn(_timed, 2, True, backend="emulated", timeout=10) == [True] * 2
 
 
 def _completion_from_a_callback() -> None:
