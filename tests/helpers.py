@@ -9,7 +9,8 @@ the path, as tests/ is not a package).
   a reader needs;
 - `torchrun`: the arguments after `python` that start torchrun on this machine with
   a free port of its own, never torchrun's default 29500, which two test runs at
-  once would share;
+  once would share; `run_python`: `python` with arguments, run as a reader runs
+  the book's scripts (from the repository's root, on the CPU, output captured);
 - `planted`: a module's function replaced by a fake for one block (the negative
   controls plant faults in the code under test with it);
 - `two_nodes`: a script on 8 ranks as 2 torchrun "nodes" x 4 processes on
@@ -81,6 +82,20 @@ def torchrun(ranks: int) -> list[str]:
         "--master-port",
         str(free_port()),
     ]
+
+
+def run_python(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python *args` from the repository's root, one thread a process, on the CPU
+    (`DISTCOURSE_DEVICE=cpu`); its status and output, never raised on."""
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "DISTCOURSE_DEVICE": "cpu"},
+        check=False,
+    )
 
 
 @contextmanager

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import yaml
-from helpers import torchrun
+from helpers import run_python, torchrun
 
 from distcourse import envcheck
 
@@ -44,19 +41,8 @@ def test_environment_yml_pins_pyprojects_dependencies_to_the_locked_versions() -
     assert "python=3.11" in env["dependencies"]
 
 
-def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-
-
 def test_self_check_reports_the_machine_and_runs_an_all_reduce() -> None:
-    done = _run("-m", "distcourse", "check")
+    done = run_python("-m", "distcourse", "check")
     assert done.returncode == 0, done.stderr
     assert f"torch      {__import__('torch').__version__}" in done.stdout
     assert "\nsupported  torch>=2.11,<2.15 (tested: " in done.stdout
@@ -69,7 +55,7 @@ def test_self_check_reports_the_machine_and_runs_an_all_reduce() -> None:
 
 
 def test_quickstart_script_trains_under_torchrun() -> None:
-    done = _run(
+    done = run_python(
         *torchrun(2),
         "book/scripts/quickstart_ddp.py",
         "--epochs",
@@ -84,7 +70,7 @@ def test_quickstart_script_trains_under_torchrun() -> None:
 
 
 def test_startup_benchmark_reports_a_breakdown() -> None:
-    done = _run("-m", "distcourse.bench", "startup", "--json", "--ranks", "2")
+    done = run_python("-m", "distcourse.bench", "startup", "--json", "--ranks", "2")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert set(report["breakdown"]) >= {"engines", "process group", "total"}

@@ -2,33 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-from helpers import torchrun
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import run_python, torchrun
 
 
 def _torchrun(impl: str) -> list[str]:
     """Run book/scripts/ddp_train.py on 2 ranks for 1 epoch; its stdout lines."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            *torchrun(2),
-            "book/scripts/ddp_train.py",
-            "--impl",
-            impl,
-            "--epochs",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "DISTCOURSE_DEVICE": "cpu"},
+    done = run_python(
+        *torchrun(2), "book/scripts/ddp_train.py", "--impl", impl, "--epochs", "1"
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()

@@ -6,36 +6,24 @@ the tutorial cuts."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-from helpers import torchrun
+from helpers import run_python, torchrun
 
-ROOT = Path(__file__).resolve().parents[1]
 SWEEP = [(32, 1), (4, 8), (16, 2)]  # naive first; the notebook runs 8 too
 PIECES = 6  # stem, 4 one-block layers, head: a cut falls between two of them
 LAYER2 = 3  # the tutorial's cut, after the stem, layer1 and layer2
 
 
 def test_small_resnet_sweep_prints_a_table_and_a_json_line() -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            *torchrun(2),
-            "book/scripts/pipeline_resnet.py",
-            "--small",
-            "--json",
-            "--splits",
-            "4",
-            "16",
-        ],
-        capture_output=True,
-        text=True,
+    done = run_python(
+        *torchrun(2),
+        "book/scripts/pipeline_resnet.py",
+        "--small",
+        "--json",
+        "--splits",
+        "4",
+        "16",
         timeout=600,
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "DISTCOURSE_DEVICE": "cpu"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()

@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import torchrun
+from helpers import run_python, torchrun
 
 from distcourse.examples.gpt import GPTConfig, TinyGPT, token_batches, train_lm
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _torchrun(*options: str) -> list[str]:
     """Run book/scripts/tp_train.py on 2 ranks; its stdout lines."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            *torchrun(2),
-            "book/scripts/tp_train.py",
-            "--steps",
-            "12",
-            *options,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "DISTCOURSE_DEVICE": "cpu"},
+    done = run_python(
+        *torchrun(2), "book/scripts/tp_train.py", "--steps", "12", *options, timeout=180
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()

@@ -23,19 +23,15 @@ before any rank starts (`--check`) are in test_train_cli.py."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import torchrun, two_nodes
+from helpers import run_python, torchrun, two_nodes
 
 from distcourse.train import TOL
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = "book/scripts/train_gpt.py"
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DISTCOURSE_DEVICE": "cpu"}
 # frozen text (the book is edited as the tests run); no decay: a run of 6 steps
 # resumed to 8 follows the same rates as one of 8
 SMALL = ["--layers", "2", "--batch", "4", "--seq", "16", "--quiet", "--excerpt"]
@@ -44,15 +40,7 @@ PIPELINE = ["--dp", "1", "--pp", "2", "--micro-batches", "2"]
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=ENV,
-        timeout=180,
-        check=False,
-    )
+    return run_python(*args, timeout=180)
 
 
 @pytest.fixture(scope="module")
