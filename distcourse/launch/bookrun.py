@@ -10,10 +10,11 @@ of `checks.verdict` ("... <= 1e-06: PASS") and the claims printed as "...: True"
 A FAIL or False that the stored notebook prints word for word is a check shown failing
 on purpose (chapter 3: one bucket hides nothing) and must come out the same.
 A line ending in PASS is not enough: each must be one the tests know, matched by a
-negative control of its chapter (a `pytest.mark.controls` marker, read by
-tests/verdict_controls.py), and each control's verdict must be printed (unless it
-prints only on some machines). A verdict that changed its words, or a check that
-stopped printing, fails the run. Everything else in the output is not compared.
+negative control of its chapter (a `pytest.mark.controls` marker or a row of a
+`harness.Controls` table, read by tests/verdict_controls.py), and each control's
+verdict must be printed (unless it prints only on some machines). A verdict that
+changed its words, or a check that stopped printing, fails the run. Everything else
+in the output is not compared.
 
 DISTCOURSE_DEVICE chooses the ranks (default cuda). A chapter runs at the rank count
 it is written for, never cut to fewer: on NCCL every rank needs a GPU of its own, so a
