@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
 import torch
 import torch.distributed as dist
+from spawned import on_ranks
 from torch import nn
 
 import distcourse.global_tensor as gt
@@ -79,9 +79,7 @@ def _all_pairs() -> dict[str, list]:
     }
 
 
-@pytest.fixture(scope="module")
-def pairs() -> list[dict]:
-    return spawn(_all_pairs, 4, timeout=60, deadline=300)
+pairs = on_ranks(_all_pairs, 4, timeout=60, deadline=300)
 
 
 def test_every_conversion_and_grad_sbp_on_1d(pairs: list[dict]) -> None:

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from spawned import on_ranks
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
     allreduce_hook,
@@ -240,9 +241,7 @@ def _hook_runs() -> dict:
     return runs
 
 
-@pytest.fixture(scope="module")
-def hook_runs() -> list[dict]:
-    return spawn(_hook_runs, 2)
+hook_runs = on_ranks(_hook_runs, 2)
 
 
 def test_torchs_hooks_give_torchs_numbers_bit_for_bit(hook_runs: list[dict]) -> None:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from spawned import on_ranks
 
 from distcourse import runtime
 from distcourse.comm.ledger import Ledger
 from distcourse.examples.gpt import GPTConfig, TinyGPT, token_batches
-from distcourse.launch import spawn
 from distcourse.parallel import hybrid
 from distcourse.parallel.context import gpt as cg
 
@@ -55,9 +55,7 @@ def _run() -> dict[str, object]:
     return out
 
 
-@pytest.fixture(scope="module")
-def runs() -> list[dict[str, object]]:
-    return spawn(_run, 4, timeout=60)
+runs = on_ranks(_run, 4, timeout=60)
 
 
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])

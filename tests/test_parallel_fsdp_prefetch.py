@@ -7,9 +7,9 @@ that is not a unit, or a gather prefetched across an optimizer step, is refused.
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.distributed as dist
+from spawned import on_ranks
 from torch import nn
 
 from distcourse.comm.ledger import Ledger
@@ -68,9 +68,7 @@ def _run() -> dict[object, object]:
     return out
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def runs(request: pytest.FixtureRequest) -> list[dict[str, object]]:
-    return spawn(_run, request.param, timeout=60)
+runs = on_ranks(_run, 2, 4, timeout=60)
 
 
 def test_prefetch_trains_to_the_same_parameters_bit_for_bit(runs: list) -> None:

@@ -15,10 +15,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from spawned import on_ranks
 from torch.distributed.device_mesh import DeviceMesh
 
 from distcourse.examples import sharding as ex
-from distcourse.launch import spawn
 from distcourse.parallel import fsdp, tensor, zero
 from distcourse.parallel.ddp import DDP
 
@@ -69,9 +69,7 @@ def _on_ranks() -> dict:
     return out
 
 
-@pytest.fixture(scope="module")
-def results() -> list[dict]:
-    return spawn(_on_ranks, 4, timeout=60)
+results = on_ranks(_on_ranks, 4, timeout=60)
 
 
 def _cases(results: list[dict]) -> list[tuple]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from spawned import on_ranks
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -258,9 +259,7 @@ def _on_ranks() -> dict:
     return out
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def results(request: pytest.FixtureRequest) -> list[dict]:
-    return spawn(_on_ranks, request.param, timeout=30)
+results = on_ranks(_on_ranks, 2, 4, timeout=30)
 
 
 def test_defaults_reshard_all_but_the_root_as_torch(results: list[dict]) -> None:

@@ -21,15 +21,14 @@ optimizer state and wire bytes exactly, activations within 5 %.
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.distributed as dist
+from spawned import on_ranks
 
 from distcourse import plan, runtime
 from distcourse.bench import memory as ddp_memory
 from distcourse.comm.ledger import Ledger
 from distcourse.examples.gpt import Block, GPTConfig, TinyGPT, lm_loss, token_batches
-from distcourse.launch import spawn
 from distcourse.parallel import fsdp, hybrid
 from distcourse.parallel.ddp import DDP
 from distcourse.parallel.pipeline import Pipeline, gpipe, interleaved, one_f_one_b
@@ -194,9 +193,7 @@ def _on_ranks() -> dict:
     )
 
 
-@pytest.fixture(scope="module")
-def ranks() -> list[dict]:
-    return spawn(_on_ranks, 8, timeout=120)
+ranks = on_ranks(_on_ranks, 8, timeout=120)
 
 
 def _close(measured: int, predicted: int, tol: float = 0.05) -> bool:
