@@ -84,7 +84,8 @@ lint: venv
 # Three test files at a time (pytest-xdist; a file's tests stay together, so its
 # module-scoped rank pools start once): ranks spend much of a test waiting. On
 # 2 cores, 2 workers took the suite from 488 s to 308 s, and as it grew, 3 workers
-# took it from 651 s to 497 s (the CPU was busy 0.9 of 2 cores with 2).
+# took it from 651 s to 497 s (the CPU was busy 0.9 of 2 cores with 2). Now 3 keep it
+# busy: with 4 the suite took 709 s against 681 with 3, the CPU busy 99 % of the run.
 # UNIT_WORKERS=0 runs one at a time.
 UNIT_WORKERS ?= 3
 # pytest-xdist's arguments for $(1) workers, each test file (or notebook) whole on one
@@ -105,12 +106,14 @@ unit: venv
 test-load: venv
 	$(PY) -m pytest tests/test_book_timing_load.py tests/test_bench_trainer.py -m load
 
-# Two notebooks at a time (pytest-xdist, each notebook whole on one worker; on 2 cores
-# 13 chapters took 214 s, not 319). Chapters 2, 3 and 5 run with the others: their
+# Three notebooks at a time (pytest-xdist, each notebook whole on one worker, the
+# longest first: conftest.py's FIRST). On 2 cores 16 chapters took 277 s with 2 and
+# 228 s with 3 (the CPU busy 97 %); 13 chapters once took 319 s with 1 worker and
+# 214 s with 2. Chapters 2, 3 and 5 run with the others: their
 # timing verdicts judge runs stored in book/measurements, not the live run beside
 # them (tests/test_book_timing_load.py). Each run prints its verdict count
 # (conftest.py). NB_WORKERS=0 runs every notebook one at a time.
-NB_WORKERS ?= 2
+NB_WORKERS ?= 3
 NB_ARGS = $(call xdist,$(NB_WORKERS))
 NBVAL = $(PY) -m pytest --nbval --nbval-current-env \
 	--nbval-sanitize-with book/nbval.cfg --nbval-cell-timeout $(NB_TIMEOUT)
@@ -121,9 +124,11 @@ notebooks: venv
 # The built book in headless Chromium at 1280x900 (tests/test_book_browser.py), and the
 # planner page's numbers against distcourse.plan (tests/test_book_browser_planner.py):
 # builds it from the stored outputs first. Needs the system's chromium (README, "The
-# browser test"); nothing is downloaded at run time.
+# browser test"); nothing is downloaded at run time. The two files side by side: the
+# pages wait on the browser more than they use the CPU (98 s one after the other,
+# 81 s side by side, on 2 cores).
 browser: chromium book
-	$(PY) -m pytest $(BROWSER_TESTS)
+	$(PY) -m pytest $(BROWSER_TESTS) $(call xdist,2)
 
 # Chromium for the browser test: found, installed (root with apt-get), or a one-line
 # instruction and a stop, before the long steps of `make test` begin.

@@ -95,7 +95,7 @@ def test_a_fail_printed_on_purpose_in_the_stored_notebook_passes(
 
 
 def test_verdicts_are_checked_and_counted_on_xdist_workers(folder: Path) -> None:
-    """`make notebooks` runs two notebooks at a time: each worker checks its own
+    """`make notebooks` runs notebooks side by side: each worker checks its own
     notebook's verdicts, and the summary adds up the workers' counts."""
     good = _write(folder / "good.ipynb", "same on every rank: True", "same: True")
     run = _run_nbval(
