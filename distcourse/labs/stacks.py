@@ -35,12 +35,14 @@ def log_loss_on_rank_0(wait: float) -> dict:
     """Rank body: the gradients all-reduced on both ranks, the loss on rank 0 only;
     each rank's Flight Recorder dump, taken `wait / 2` s later while rank 0's call
     still waits (issued with `async_op=True`, so the dump comes before the `wait()`
-    that fails): by then every call that returned is marked completed, and rank 0's
-    last call cannot be, before its timeout. Rank 1 dumps after rank 0 has."""
+    that fails): each rank first waits until its recorder counts the call that
+    returned as completed (`recorded`), and rank 0's last call cannot be, before its
+    timeout. Rank 1 dumps after rank 0 has."""
     quiet()
     rank = dist.get_rank()
     store = dist.distributed_c10d._get_default_store()
     dist.all_reduce(torch.zeros(5))  # devicecheck: host (the gradients; gloo)
+    recorded(seconds=wait + 5)
     if rank == 1:
         store.wait(["dumped"], timedelta(seconds=3 * wait + 5))
         return pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
@@ -53,6 +55,24 @@ def log_loss_on_rank_0(wait: float) -> dict:
     except RuntimeError:
         pass
     return pickle.loads(dump)
+
+
+def recorded(seconds: float) -> None:
+    """Return once this rank's Flight Recorder counts every call that has returned
+    as completed (or after `seconds`): gloo marks a call completed in the recorder
+    on its own thread, after the caller's wait() has returned, so a dump taken at
+    once can still say the last call is not done. It did once in CI, with three
+    notebooks running beside this one ("last completed #1" where #2 had returned)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+        counts = dump["pg_status"].values()
+        if all(
+            s["last_completed_collective"] >= s["last_enqueued_collective"]
+            for s in counts
+        ) and all(e["retired"] for e in dump["entries"]):
+            return
+        time.sleep(0.01)
 
 
 def _caller(frames: list[dict]) -> str:
