@@ -46,4 +46,5 @@ runtime.print_in_order(
 if info.rank == 0:
     print(f"global batch {info.world_size * args.batch_size}")
     print(f"test accuracy {train.accuracy(model, test_set, info.device):.1%}")
+del net  # torch's DDP keeps the group alive: let go of it before the group closes
 runtime.shutdown()
