@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from distcourse.comm.ledger import Ledger
+from distcourse.comm.ledger import Ledger, ring_wire_bytes
 from distcourse.exercises.core import (
     Problem,
     call,
@@ -98,11 +98,10 @@ def check_ring_reduce_scatter(answer: object) -> bool:
 
 def check_all_reduce_bytes(answer: object) -> bool:
     """Wire bytes per rank of a ring all-reduce, T = 64 MiB, n = 8: a number."""
-    n, t = 8, 64 * MIB
     return check_number(
         "ch02.all_reduce_bytes",
         answer,
-        2 * (n - 1) * t / n,
+        ring_wire_bytes("all_reduce", 64 * MIB, 8),
         hint="reduce-scatter then all-gather: each sends n-1 chunks of T/n",
     )
 

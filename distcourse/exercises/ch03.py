@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from distcourse.comm.ledger import ring_wire_bytes
 from distcourse.exercises.core import (
     Problem,
     call,
@@ -137,11 +138,10 @@ def check_sampler_repeats(answer: object) -> bool:
 
 def check_ddp_bytes(answer: object) -> bool:
     """Wire bytes per rank per DDP step, 4 ranks, 2,500,000 float32 parameters."""
-    n, t = 4, 4 * 2_500_000
     return check_number(
         "ch03.ddp_bytes",
         answer,
-        2 * (n - 1) * t / n,
+        ring_wire_bytes("all_reduce", 4 * 2_500_000, 4),
         hint="one ring all-reduce of every gradient: 2(n-1)/n of T, T = 4 bytes "
         "per parameter",
     )

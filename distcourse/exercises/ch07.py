@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from distcourse.comm.ledger import ring_wire_bytes
 from distcourse.exercises.core import (
     Problem,
     call,
@@ -42,11 +43,10 @@ def check_grad_sbp(answer: object) -> bool:
 
 def check_dp_grad_bytes(answer: object) -> bool:
     """Wire bytes per rank boxing a 1 MiB gradient P -> B on 4 ranks: a number."""
-    n, t = 4, 2**20
     return check_number(
         "ch07.dp_grad_bytes",
         answer,
-        2 * (n - 1) * t / n,
+        ring_wire_bytes("all_reduce", 2**20, 4),
         hint="the gradient of a B weight arrives as P; P -> B is an all_reduce, "
         "2(n-1)T/n on a ring: data parallelism's all-reduce",
     )

@@ -34,31 +34,29 @@ EXERCISES = ("zero2_bytes", "zero3_bytes", "fsdp_rows", "reduce_scatter_grads")
 PSI, RANKS = 10**9, 8
 
 
-def _state(stage: int) -> int:
-    return sum(formula(stage, PSI, PSI // RANKS, tensors=0).values())
+def _check_state(stage: int, answer: object, hint: str) -> bool:
+    """Exercise `zero{stage}_bytes`: model state per rank under ZeRO-`stage`."""
+    want = sum(formula(stage, PSI, PSI // RANKS, tensors=0).values())
+    return check_number(f"ch09.zero{stage}_bytes", answer, want, hint=hint)
 
 
 def check_zero2_bytes(answer: object) -> bool:
     """Bytes per rank, ZeRO-2, 10^9 parameters, 8 ranks, fp32 AdamW: a number."""
-    return check_number(
-        "ch09.zero2_bytes",
-        answer,
-        _state(2),
-        hint="ZeRO-2 shards the gradients and the optimizer state (4 + 8 bytes per "
-        "parameter, divided by N) and keeps every parameter (4 bytes): 4Ψ + 12Ψ/N",
+    hint = (
+        "ZeRO-2 shards the gradients and the optimizer state (4 + 8 bytes per "
+        "parameter, divided by N) and keeps every parameter (4 bytes): 4Ψ + 12Ψ/N"
     )
+    return _check_state(2, answer, hint)
 
 
 def check_zero3_bytes(answer: object) -> bool:
     """Bytes per rank, ZeRO-3, 10^9 parameters, 8 ranks, fp32 AdamW: a number."""
-    return check_number(
-        "ch09.zero3_bytes",
-        answer,
-        _state(3),
-        hint="ZeRO-3 shards the parameters too: all 16 bytes per parameter are "
+    hint = (
+        "ZeRO-3 shards the parameters too: all 16 bytes per parameter are "
         "divided by N, 16Ψ/N (while a unit runs, it holds its gathered parameters "
-        "as well)",
+        "as well)"
     )
+    return _check_state(3, answer, hint)
 
 
 def _judge_rows(answer: object) -> Problem:
