@@ -129,6 +129,17 @@ def test_configured_picks_the_quick_config_with_the_stored_run_options() -> None
     assert cfg == "b" and args.store and args.keep_busy and not args.quick
 
 
+def test_measured_runs_the_picked_config_under_quiet() -> None:
+    """`measured` measures the config `configured` picks, inside a Quiet that has
+    watched the run (its load before and after, its length), and hands back both."""
+    seen = []
+    cfg, args, data, quiet = record.measured(
+        "z", "z", ["--quick"], "q", ("a", "b"), lambda c: seen.append(c) or c * 2
+    )
+    assert (cfg, data, seen) == ("a", "aa", ["a"]) and args.quick and not args.json
+    assert quiet.load_before and quiet.load_after and quiet.seconds >= 0
+
+
 def _spin(seconds: float) -> float:
     """Spin for `seconds` of wall time; return this rank's processor seconds."""
     start, cpu = time.monotonic(), time.process_time()

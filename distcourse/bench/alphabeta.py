@@ -154,11 +154,9 @@ def report(stored: record.Stored | None, live: dict[str, Any] | None = None) -> 
 
 
 def main(argv: list[str]) -> int:
-    cfg, args = record.configured(
-        "alphabeta", NAME, argv, "3 sizes, 2 repeats", (QUICK, Config())
+    cfg, args, data, quiet = record.measured(
+        "alphabeta", NAME, argv, "3 sizes, 2 repeats", (QUICK, Config()), measure_all
     )
-    with record.Quiet() as quiet:
-        data = measure_all(cfg)
 
     def show(run: record.Stored) -> None:
         if not args.quick:

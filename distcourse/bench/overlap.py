@@ -143,11 +143,9 @@ def report(stored: record.Stored | None, live: dict[str, Any] | None = None) -> 
 
 
 def main(argv: list[str]) -> int:
-    cfg, args = record.configured(
-        "overlap", NAME, argv, "a small model, 3 steps", (QUICK, Config())
+    cfg, args, data, quiet = record.measured(
+        "overlap", NAME, argv, "a small model, 3 steps", (QUICK, Config()), measure
     )
-    with record.Quiet() as quiet:
-        data = measure(cfg)
     return record.finish(
         NAME, data, quiet, report, args, ranks=cfg.ranks, threads_per_rank=1
     )

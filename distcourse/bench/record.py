@@ -297,6 +297,23 @@ def configured(
     return configs[0] if args.quick else configs[1], args
 
 
+def measured(
+    name: str,
+    stored: str,
+    argv: list[str],
+    quick: str,
+    configs: tuple[Any, Any],
+    measure: Callable[[Any], Any],
+) -> tuple[Any, argparse.Namespace, Any, Quiet]:
+    """A stored-run benchmark's start: `configured`'s config and options, then
+    `measure(config)` run under `Quiet` (what `finish` stores with the data).
+    Returns (config, options, what `measure` returned, the Quiet that watched it)."""
+    cfg, args = configured(name, stored, argv, quick, configs)
+    with Quiet() as quiet:
+        data = measure(cfg)
+    return cfg, args, data, quiet
+
+
 def finish(
     name: str,
     data: dict[str, Any],

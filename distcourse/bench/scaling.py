@@ -218,11 +218,9 @@ def gap_line(g: dict[str, float]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    cfg, args = record.configured(
-        "scaling", NAME, argv, "tiny model, few steps", (QUICK, Config())
+    cfg, args, rows, quiet = record.measured(
+        "scaling", NAME, argv, "tiny model, few steps", (QUICK, Config()), run
     )
-    with record.Quiet() as quiet:
-        rows = run(cfg)
 
     def show(_: record.Stored) -> None:
         print(format_table(rows))
