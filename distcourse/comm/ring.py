@@ -21,6 +21,7 @@ from distcourse.comm.agree import (
     agree,
     copy_back,
     members,
+    no_key,
     reduce_fn,
     reduce_op,
 )
@@ -61,6 +62,36 @@ def _check_blocks(
             f"{what} must be {n} tensor(s) of {numel} {dtype} elements, "
             f"got {', '.join(got)}"
         )
+
+
+def _agree_blocks(
+    name: str,
+    role: str,
+    given: list[Tensor] | Tensor,
+    like: Tensor,
+    group: Group,
+    check: bool,
+    key: Callable[[], int] = no_key,
+    key_name: str = "",
+) -> tuple[Members, bool, list[Tensor], int]:
+    """The validation and agreement of a call whose `given` (its `role`) holds one
+    block per rank: N tensors shaped like `like`, or one of N * like.numel()
+    elements. Blocks that do not fit raise on this rank before any message; then
+    `key()` (a reduction's op, checked) and `like` are agreed across the group.
+    Returns (members, whether `given` is a list, its tensors, the agreed key)."""
+    g = members(group, name)
+    as_list = isinstance(given, list)
+    blocks = given if as_list else [given]
+
+    def blocks_fit() -> int:
+        what = f"{name}: {role}"
+        _check_blocks(what, blocks, as_list, g.size, like.numel(), like.dtype)
+        return key()
+
+    agreed = agree(
+        name, like, group, validate=blocks_fit, key_name=key_name, check=check
+    )
+    return g, as_list, blocks, agreed
 
 
 def _piece_count(chunk: Tensor) -> int:
@@ -195,16 +226,9 @@ def ring_all_gather(
     tensor of N * tensor.numel() elements, block r from rank r (as
     dist.all_gather_into_tensor). `check` as in ring_all_reduce.
     """
-    g = members(group, "ring_all_gather")
-    as_list = isinstance(output, list)
-    outs = output if as_list else [output]
-
-    def outputs_fit() -> int:
-        what = "ring_all_gather: output"
-        _check_blocks(what, outs, as_list, g.size, tensor.numel(), tensor.dtype)
-        return -1
-
-    agree("ring_all_gather", tensor, group, validate=outputs_fit, check=check)
+    g, as_list, outs, _ = _agree_blocks(
+        "ring_all_gather", "output", output, tensor, group, check
+    )
     flats = [o.reshape(-1) for o in outs]
     slots = flats if as_list else list(torch.tensor_split(flats[0], g.size))
     slots[g.rank].copy_(tensor.reshape(-1))
@@ -228,22 +252,15 @@ def ring_reduce_scatter(
     one tensor of N * output.numel() elements (as dist.reduce_scatter_tensor); it is
     not modified. `check` as in ring_all_reduce.
     """
-    g = members(group, "ring_reduce_scatter")
-    as_list = isinstance(input, list)
-    blocks = input if as_list else [input]
-
-    def inputs_fit_and_op() -> int:
-        what = "ring_reduce_scatter: input"
-        _check_blocks(what, blocks, as_list, g.size, output.numel(), output.dtype)
-        return reduce_op(op)
-
-    key = agree(
+    g, _, blocks, key = _agree_blocks(
         "ring_reduce_scatter",
+        "input",
+        input,
         output,
         group,
-        validate=inputs_fit_and_op,
+        check,
+        key=lambda: reduce_op(op),
         key_name="op",
-        check=check,
     )
     reduce = reduce_fn(key)
     work = torch.cat([b.reshape(-1) for b in blocks])  # a copy: input stays intact
