@@ -8,7 +8,8 @@ share (imported as `spawned`, beside `helpers`: pytest puts tests/ on the path).
   test of a file's table of them;
 - `refused_before_any_group`: `checks.outcomes` on a rank, and no process group made
   by any of the bad calls; `error_of` / `errors_and_sent`: the message each bad call
-  raised on a rank, and how many messages the calls sent;
+  raised on a rank, and how many messages the calls sent; `assert_says`: each
+  bad call's error, by a file's table of the words it must contain;
 - `max_diff` / `assert_within`: ranks that compare their results with one process
   (or with torch) by named max differences, all within a tolerance.
 """
@@ -124,6 +125,16 @@ def errors_and_sent(cases: dict[str, Callable[[], object]]) -> dict[str, str]:
         got = {name: error_of(case) for name, case in cases.items()}
     got["sent"] = str(len(ledger.records))
     return got
+
+
+def assert_says(
+    errors: dict[str, str], table: dict[str, str | tuple[str, ...]]
+) -> None:
+    """Each case of `table` raised an error (in `errors`, case -> its message) that
+    contains the table's words: one str, or a tuple of several."""
+    for case, words in table.items():
+        for w in (words,) if isinstance(words, str) else words:
+            assert w in errors[case], (case, w, errors[case])
 
 
 def max_diff(a: Tensor, b: Tensor) -> float:

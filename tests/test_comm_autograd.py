@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.distributed as dist
+from spawned import assert_says
 from torch import Tensor
 
 from distcourse.comm import autograd as ag
@@ -332,10 +333,15 @@ def test_one_rank_is_the_identity_and_bad_arguments_fail_at_once() -> None:
     assert errors["dim"] == (
         "split_to_group: dim=2 is out of range for a 2-d tensor of shape [2, 3]"
     )
-    assert "out of range for a 0-d tensor" in errors["0-d"]
-    assert "dim must be an int, got 0.5" in errors["not int"]
-    assert "split_dim and cat_dim must differ, both are 1" in errors["same dims"]
-    assert "expected a Tensor, got list" in errors["not a tensor"]
+    assert_says(
+        errors,
+        {
+            "0-d": "out of range for a 0-d tensor",
+            "not int": "dim must be an int, got 0.5",
+            "same dims": "split_dim and cat_dim must differ, both are 1",
+            "not a tensor": "expected a Tensor, got list",
+        },
+    )
 
 
 def _sizes_from_the_shape() -> dict[str, object]:

@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from spawned import assert_says
 from torch import Tensor
 
 from distcourse.comm import p2p
@@ -177,16 +178,21 @@ def test_bad_arguments_fail_before_any_message() -> None:
         "ValueError: send_tensor: dst=0 is this rank itself; a rank can only send to "
         "and receive from other ranks"
     )
-    assert "recv_tensor: src=0 is this rank itself" in errors["recv self"]
-    assert "dst=2 is not a rank of the group (valid: 0..1)" in errors["range"]
-    assert "src=-1 is not a rank of the group" in errors["negative"]
     assert errors["not a tensor"] == (
         "TypeError: send_tensor: expected a Tensor to send, got list"
     )
-    assert "unsupported dtype torch.uint16" in errors["dtype"]
-    assert "must be at most 8 non-negative ints" in errors["dims"]
-    assert "shape [-1] must be" in errors["expect"]
-    assert "send_recv: src=0 is this rank itself" in errors["swap half"]
+    assert_says(
+        errors,
+        {
+            "recv self": "recv_tensor: src=0 is this rank itself",
+            "range": "dst=2 is not a rank of the group (valid: 0..1)",
+            "negative": "src=-1 is not a rank of the group",
+            "dtype": "unsupported dtype torch.uint16",
+            "dims": "must be at most 8 non-negative ints",
+            "expect": "shape [-1] must be",
+            "swap half": "send_recv: src=0 is this rank itself",
+        },
+    )
 
 
 def _ledgers() -> tuple[list[tuple], int, int]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from spawned import error_of, errors_and_sent, on_ranks
+from spawned import assert_says, error_of, errors_and_sent, on_ranks
 
 from distcourse.parallel import context as cpx
 from distcourse.parallel.context import check, torch_side
@@ -122,14 +122,20 @@ def test_torch_cuts_as_zigzag_and_its_attention_needs_cuda(runs: list) -> None:
         assert "flash_attention_for_cpu" in str(out["torch attention"])
 
 
+REFUSED = {  # a bad call of _run's "refused" -> the words of its error
+    "heads": (
+        "q has 4 heads but k and v have 3",
+        "grouped-query attention needs k's heads to divide q's",
+    ),
+    "k not v": "v is torch.float32[1, 4, 4, 2]",
+    "odd": "does not split into 2 x cp",
+    "layout": "layout='spiral'",
+    "3-d": "must be (B, H, L, D)",
+    "disagree": "ranks disagree on shape",
+}
+
+
 def test_bad_input_is_refused_before_any_collective(runs: list) -> None:
     for out in runs:
-        got = out["refused"]
-        assert "q has 4 heads but k and v have 3" in got["heads"]
-        assert "grouped-query attention needs k's heads to divide q's" in got["heads"]
-        assert "v is torch.float32[1, 4, 4, 2]" in got["k not v"]
-        assert "does not split into 2 x cp" in got["odd"]
-        assert "layout='spiral'" in got["layout"]
-        assert "must be (B, H, L, D)" in got["3-d"]
-        assert got["sent"] == "0"
-        assert "ranks disagree on shape" in got["disagree"]
+        assert out["refused"]["sent"] == "0"
+        assert_says(out["refused"], REFUSED)

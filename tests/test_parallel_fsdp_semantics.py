@@ -23,7 +23,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from spawned import on_ranks
+from spawned import assert_says, on_ranks
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -354,19 +354,23 @@ def _bad_calls() -> dict:
     return errors
 
 
+BAD_CALLS = {  # a case of _bad_calls -> the words of its error
+    "3-D mesh": "1-D (shard) or 2-D (replicate, shard), got 3-D",
+    "reshard 3": "must divide the shard size 4",
+    "reshard 2 in HSDP": "only on a 1-D mesh of the whole world",
+    "reshard str": "must be a bool, an int or None",
+    "int dtype": "param_dtype must be a floating dtype",
+    "not a policy": "must be a MixedPrecisionPolicy",
+    "uncast": "cast_forward_inputs=False is not supported",
+    "HSDP checkpoint": "HSDP (a 2-D mesh) is not supported here",
+    "sync str": "requires must be a bool",
+    "clip 1-norm": "only the 2-norm",
+    "clip no units": "no fully_shard units",
+}
+
+
 def test_bad_arguments_are_refused_before_any_collective() -> None:
     errors = spawn(_bad_calls, 4, timeout=30)
     assert all(e == errors[0] for e in errors)
-    said = errors[0]
-    assert len(said) == 11, said
-    assert "1-D (shard) or 2-D (replicate, shard), got 3-D" in said["3-D mesh"]
-    assert "must divide the shard size 4" in said["reshard 3"]
-    assert "only on a 1-D mesh of the whole world" in said["reshard 2 in HSDP"]
-    assert "must be a bool, an int or None" in said["reshard str"]
-    assert "param_dtype must be a floating dtype" in said["int dtype"]
-    assert "must be a MixedPrecisionPolicy" in said["not a policy"]
-    assert "cast_forward_inputs=False is not supported" in said["uncast"]
-    assert "HSDP (a 2-D mesh) is not supported here" in said["HSDP checkpoint"]
-    assert "requires must be a bool" in said["sync str"]
-    assert "only the 2-norm" in said["clip 1-norm"]
-    assert "no fully_shard units" in said["clip no units"]
+    assert len(errors[0]) == len(BAD_CALLS) == 11, errors[0]
+    assert_says(errors[0], BAD_CALLS)
