@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -115,12 +114,7 @@ class Quiet:
         self._start = (time.monotonic(), _busy_seconds(), own_seconds())
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_: object) -> None:  # an exception in the run propagates
         wall0, busy0, own0 = self._start
         self.seconds = time.monotonic() - wall0
         busy1 = _busy_seconds()
