@@ -72,6 +72,22 @@ def test_an_answer_that_loops_is_stopped(capsys, monkeypatch) -> None:
     assert "your answer ran longer than 0.2 s" in _line(capsys)
 
 
+def test_per_rank_list_entry_by_entry_names_the_first_wrong_rank(capsys) -> None:
+    want = [(2, "S(0)"), (1, "B")]
+    check = lambda a: core.check_per_rank(  # noqa: E731
+        "t.r", a, want, what="pairs", hint=HINT
+    )
+    assert check([[2, "s(0)"], (1, "b")])  # a list for a tuple, any case
+    assert _line(capsys) == "t.r: PASS"
+    assert not check([(2, "S(0)"), (1, "P")])
+    assert "the entry for rank 1, (1, 'P'), is not right" in _line(capsys)
+    for bad in ([(2, "S(0)")], {0: (2, "S(0)")}, "no"):
+        assert not check(bad)
+        assert "expected a list of 2 pairs, one per rank" in _line(capsys)
+    assert check(None) is False
+    assert _line(capsys) == f"t.r: not answered yet — hint: {HINT}"
+
+
 def test_compare_says_type_shape_then_values() -> None:
     want = torch.ones(3)
     assert core.compare(want.clone(), want, "x") is None

@@ -43,8 +43,10 @@ Other answers: `check_answer(name, answer, judge, hint=...)` judges anything
 in-process (a schedule, a layout; `judge(answer)` returns None or what is wrong,
 calling the reader's functions through `call`, within a time limit);
 `check_table(name, answer, expected, hint=...)` compares a dict entry by entry
-(strings without spaces or case); `check_on_ranks(..., form=functions(2))` takes a
-pair of functions such as Megatron's (f, g). Add the chapter's solutions to
+(strings without spaces or case), `check_per_rank(name, answer, expected,
+what=..., hint=...)` a list of one entry per rank the same way;
+`check_on_ranks(..., form=functions(2))` takes a pair of functions such as
+Megatron's (f, g). Add the chapter's solutions to
 `solutions/chNN.py` (one name per exercise), a wrong answer per exercise to
 tests/test_exercises_chapters.py's WRONG (the test finds every `chNN` module), and
 the chapter to book/appendix_solutions.md.

@@ -20,12 +20,11 @@ import torch.distributed as dist
 from distcourse.exercises.core import (
     Problem,
     call,
-    check_answer,
     check_number,
     check_on_ranks,
+    check_per_rank,
     check_table,
     compare,
-    plain,
 )
 from distcourse.global_tensor.boxing import transfer_bytes
 from distcourse.global_tensor.sbp import local_shape, piece, split
@@ -41,22 +40,13 @@ MATMUL = {  # x's SBP x w's SBP -> the output's, as rules.py lists them
 }
 
 
-def _judge_pieces(answer: object) -> Problem:
-    want = [local_shape(SHAPE, (split(1),), (RANKS,), (c,)) for c in range(RANKS)]
-    if not isinstance(answer, list | tuple) or len(answer) != RANKS:
-        return f"expected a list of {RANKS} shapes, one per rank"
-    for rank, (got, ref) in enumerate(zip(answer, want, strict=True)):
-        if plain(got) != ref:
-            return f"rank {rank}'s piece is not {plain(got)}"
-    return None
-
-
 def check_pieces(answer: object) -> bool:
     """Each of 4 ranks' piece shapes of a (5, 3) tensor under S(1)."""
-    return check_answer(
+    return check_per_rank(
         "ch06.pieces",
         answer,
-        _judge_pieces,
+        [local_shape(SHAPE, (split(1),), (RANKS,), (c,)) for c in range(RANKS)],
+        what="shapes",
         hint="S(1) cuts dimension 1 (3 columns) into 4 pieces as torch.tensor_split "
         "does: the first 3 % 4 pieces get one column more; a piece may be empty",
     )

@@ -21,11 +21,10 @@ import torch.distributed as dist
 from distcourse.exercises.core import (
     Problem,
     call,
-    check_answer,
     check_number,
     check_on_ranks,
+    check_per_rank,
     compare,
-    plain,
 )
 from distcourse.parallel.fsdp.layout import pieces
 from distcourse.parallel.zero.memory import formula
@@ -59,21 +58,13 @@ def check_zero3_bytes(answer: object) -> bool:
     return _check_state(3, answer, hint)
 
 
-def _judge_rows(answer: object) -> Problem:
-    want = [pieces([torch.Size((10, 8))], 4, r)[0].rows for r in range(4)]
-    if not isinstance(answer, list | tuple) or len(answer) != 4:
-        return "expected a list of 4 row counts, one per rank"
-    if list(plain(answer)) != want:
-        return f"{list(answer)} are not the rows torch.chunk gives each rank"
-    return None
-
-
 def check_fsdp_rows(answer: object) -> bool:
     """Rows of a (10, 8) weight on each of 4 ranks under fully_shard: a list."""
-    return check_answer(
+    return check_per_rank(
         "ch09.fsdp_rows",
         answer,
-        _judge_rows,
+        [pieces([torch.Size((10, 8))], 4, r)[0].rows for r in range(4)],
+        what="row counts",
         hint="FSDP cuts dim 0 with torch.chunk: pieces of ceil(10 / 4) rows, the "
         "last rank gets what is left (and pads it for the collectives)",
     )

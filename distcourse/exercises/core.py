@@ -15,6 +15,8 @@ Answers of every kind, a helper each:
   returns what is wrong, or None.
 - `check_table(name, answer, expected, hint=...)`: a dict (signatures, groups),
   entry by entry; strings compare without spaces or case ('s(0)' is 'S(0)').
+- `check_per_rank(name, answer, expected, what=..., hint=...)`: a list with one
+  entry per rank (pieces' shapes, shards' rows), entry by entry as in a table.
 - `check_on_ranks(name, answer, probe, world_size, hint=...)`: a function that runs on
   real gloo ranks (`launch.spawn`); `probe(answer)` runs on every rank, calls the
   answer through `call`, and returns what is wrong on that rank, or None.
@@ -264,6 +266,24 @@ def check_table(name: str, answer: Any, expected: dict, *, hint: str) -> bool:
                 return f"no entry for {key!r}"
             if plain(got[key]) != plain(want):
                 return f"the entry for {key!r}, {got[key]!r}, is not right"
+        return None
+
+    return check_answer(name, answer, judge, hint=hint)
+
+
+def check_per_rank(
+    name: str, answer: Any, expected: list, *, what: str, hint: str
+) -> bool:
+    """A list with one entry per rank (a piece's shape, a shard's rows): as many
+    entries as `expected`, each equal to its entry after `plain`; the first rank
+    whose entry differs is named. `what` names the entries, e.g. 'shapes'."""
+
+    def judge(got: Any) -> Problem:
+        if not isinstance(got, list | tuple) or len(got) != len(expected):
+            return f"expected a list of {len(expected)} {what}, one per rank"
+        for rank, (mine, want) in enumerate(zip(got, expected, strict=True)):
+            if plain(mine) != plain(want):
+                return f"the entry for rank {rank}, {mine!r}, is not right"
         return None
 
     return check_answer(name, answer, judge, hint=hint)
