@@ -6,7 +6,7 @@ the path, as tests/ is not a package).
 - `linear`: F.linear with the weight and bias as positional inputs, so that an op
   table can give each its own SBP;
 - `assert_refused`: every case of `checks.outcomes` raised, and the errors say what
-  a reader needs;
+  a reader needs; `refused_on`: the same on each of a spawn's ranks;
 - `torchrun`: the arguments after `python` that start torchrun on this machine with
   a free port of its own, never torchrun's default 29500, which two test runs at
   once would share; `run_python`: `python` with arguments, run as a reader runs
@@ -18,7 +18,8 @@ the path, as tests/ is not a package).
 - `timed_error` / `disagreements`: the error each rank's bad call raised and how
   soon, for checks that ranks which disagree are named within seconds;
 - `torch_sequence_parallel_plan`: torch's `parallelize_module` plan for a TinyGPT
-  block with sequence parallelism, as chapter 4 writes it.
+  block with sequence parallelism, as chapter 4 writes it; `torch_parallelized`: a
+  copy of a model under such a plan, torch's side of a tensor-parallel comparison.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -43,6 +46,7 @@ from torch.distributed.tensor.parallel import (
     PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
+    parallelize_module,
 )
 
 from distcourse.launch import spawn
@@ -67,6 +71,17 @@ def assert_refused(lines: list[str], *words: str) -> None:
     assert "no error" not in text, text
     for w in words:
         assert w in text, (w, text)
+
+
+def refused_on(
+    outcomes: Callable[[], list[str]], ranks: int, *words: str
+) -> list[list[str]]:
+    """Spawn `outcomes` (a rank's `checks.outcomes` lines of bad calls) on `ranks`
+    ranks and `assert_refused(lines, *words)` on each rank's; the lines by rank."""
+    found = spawn(outcomes, ranks, timeout=10)
+    for lines in found:
+        assert_refused(lines, *words)
+    return found
 
 
 def torchrun(ranks: int) -> list[str]:
@@ -206,3 +221,10 @@ def torch_sequence_parallel_plan() -> dict[str, ParallelStyle]:
         "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
         "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
     }
+
+
+def torch_parallelized(model: nn.Module, plan: dict[str, ParallelStyle]) -> nn.Module:
+    """A copy of `model` under torch's `parallelize_module(plan)` on a 1-D CPU mesh of
+    the whole world (`model` itself stays whole: ours is made from it)."""
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    return parallelize_module(copy.deepcopy(model), mesh, plan)

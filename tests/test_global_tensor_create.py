@@ -10,7 +10,7 @@ import itertools
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import assert_refused
+from helpers import refused_on
 
 import distcourse.global_tensor as gt
 from distcourse import checks
@@ -108,20 +108,20 @@ def _errors() -> list[str]:
 
 
 def test_bad_input_raises_on_every_rank_before_any_collective() -> None:
-    got = spawn(_errors, 2, timeout=10)
+    got = refused_on(
+        _errors,
+        2,
+        "different placements",
+        "split(2) is out of range",
+        "are not ranks of this world",
+        "must increase",
+        "unknown SBP 'S(0)'",
+        "has 2 entries but the placement is 1-D",
+        "mixes a global tensor with a plain tensor of shape [4, 4]",
+        "do not make one tensor under S(0)",
+        "has no SBP rule",
+    )
     for lines in got:
-        assert_refused(
-            lines,
-            "different placements",
-            "split(2) is out of range",
-            "are not ranks of this world",
-            "must increase",
-            "unknown SBP 'S(0)'",
-            "has 2 entries but the placement is 1-D",
-            "mixes a global tensor with a plain tensor of shape [4, 4]",
-            "do not make one tensor under S(0)",
-            "has no SBP rule",
-        )
         assert lines[-1] == "torch.Size([4, 4])"
     assert got[0][-2] == "rank not in placement: fine"
     assert "rank 1 is not in placement ranks [0]" in got[1][-2]

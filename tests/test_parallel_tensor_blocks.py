@@ -7,8 +7,6 @@ the same bytes on a ring.
 
 from __future__ import annotations
 
-import copy
-
 import helpers
 import pytest
 import torch
@@ -118,17 +116,10 @@ def test_ledger_sequence_parallel_moves_the_same_bytes(world_size: int) -> None:
 
 
 def _against_torch() -> dict[str, float]:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (
-        parallelize_module,
-    )
-
     n, r = dist.get_world_size(), dist.get_rank()
     torch.manual_seed(0)
     block = Block(GPTConfig(n_embd=H, n_head=4))
-    plan = helpers.torch_sequence_parallel_plan()
-    theirs = copy.deepcopy(block)
-    parallelize_module(theirs, init_device_mesh("cpu", (n,)), plan)
+    theirs = helpers.torch_parallelized(block, helpers.torch_sequence_parallel_plan())
     ours = parallelize_block(block, sequence_parallel=True)
     x = torch.randn(B, T, H).chunk(n, 1)[r]  # this rank's part of the sequence
     y_ours, y_theirs = ours(x), theirs(x)

@@ -7,12 +7,11 @@ float32; TOL is far above rounding noise (about 1e-7 here) and far below any bug
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from helpers import torch_parallelized
 from spawned import assert_within, max_diff
 from torch import nn
 
@@ -70,21 +69,12 @@ def test_column_and_row_parallel_equal_one_linear(world_size: int) -> None:
 
 def _against_torch() -> dict[str, float]:
     """Ours beside torch's parallelize_module(ColwiseParallel, RowwiseParallel)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
     x = torch.randn(4, 8)
-    theirs = parallelize_module(
-        copy.deepcopy(mlp),
-        init_device_mesh("cpu", (dist.get_world_size(),)),
-        {"0": ColwiseParallel(), "2": RowwiseParallel()},
-    )
+    theirs = torch_parallelized(mlp, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     col = ColumnParallelLinear.from_linear(mlp[0])
     row = RowParallelLinear.from_linear(mlp[2])
     y_theirs, y_ours = theirs(x), row(F.gelu(col(x)))

@@ -5,12 +5,11 @@ loss_parallel; the logits never move: the loss's messages are 3 numbers per toke
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from helpers import torch_parallelized
 from spawned import assert_within, error_of, max_diff
 from torch import nn
 
@@ -64,13 +63,11 @@ def test_embedding_and_cross_entropy_equal_one_process(world_size: int) -> None:
 
 
 def _against_torch() -> dict[str, float]:
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
         loss_parallel,
-        parallelize_module,
     )
 
     torch.manual_seed(0)
@@ -80,8 +77,7 @@ def _against_torch() -> dict[str, float]:
         "0": RowwiseParallel(input_layouts=Replicate()),  # vocabulary-parallel
         "1": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
     }
-    theirs = copy.deepcopy(model)
-    parallelize_module(theirs, init_device_mesh("cpu", (dist.get_world_size(),)), plan)
+    theirs = torch_parallelized(model, plan)
     with loss_parallel():  # cross-entropy on the class-sharded logits DTensor
         loss_theirs = F.cross_entropy(theirs(ids).flatten(0, 1), target.flatten())
         loss_theirs.backward()
