@@ -41,6 +41,12 @@ def _pair(
     return col, row
 
 
+def _dropout(module: nn.Module) -> float:
+    """The probability of `module`'s `drop` (an nn.Dropout), or 0.0 without one."""
+    drop = getattr(module, "drop", None)
+    return drop.p if isinstance(drop, nn.Dropout) else 0.0
+
+
 class ParallelMLP(nn.Module):
     """fc (column) -> GELU -> proj (row) -> dropout: hidden units split across ranks.
 
@@ -65,8 +71,7 @@ class ParallelMLP(nn.Module):
         """Split an MLP with Linear attributes `fc`, `proj` (and `drop`): the first's
         output features and the second's input features across the ranks."""
         fc, proj = _pair(mlp.fc, mlp.proj, group, sequence_parallel, check)
-        drop = getattr(mlp, "drop", None)
-        return cls(fc, proj, drop.p if isinstance(drop, nn.Dropout) else 0.0)
+        return cls(fc, proj, _dropout(mlp))
 
     def forward(self, x: Tensor) -> Tensor:
         return self.drop(self.proj(F.gelu(self.fc(x))))  # (B, T, 4C / N) inside
@@ -116,9 +121,7 @@ class ParallelSelfAttention(nn.Module):
             ColumnParallelLinear.from_linear(lin, group, **options)
             for lin in (attn.key, attn.value)
         )
-        drop = getattr(attn, "drop", None)
-        p = drop.p if isinstance(drop, nn.Dropout) else 0.0
-        return cls(query, key, value, proj, attn.head_dim, p)
+        return cls(query, key, value, proj, attn.head_dim, _dropout(attn))
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.query.enter(x)  # f, or the sequence all-gathered: (B, T, C)

@@ -158,6 +158,18 @@ def _enter(where: list[str], name: str, *_: object) -> None:
     where.append(name)
 
 
+def _check_split(
+    seq: int, width: int, heads: int, tp: int, sequence_parallel: bool
+) -> None:
+    """ValueError unless `tp` divides the heads and the width (and, with sequence
+    parallelism, the sequence): the split both formulas count."""
+    for name, value in (("heads", heads), ("width", width)):
+        if value % tp:
+            raise ValueError(f"{name}={value} is not divisible by tensor-parallel {tp}")
+    if sequence_parallel and seq % tp:
+        raise ValueError(f"seq={seq} is not divisible by tensor-parallel size {tp}")
+
+
 def block_activation_bytes(
     batch: int,
     seq: int,
@@ -177,11 +189,7 @@ def block_activation_bytes(
     the attention kernel under torch's switches now (a run inside `sdpa_kernel`),
     else the one torch picks with every kernel enabled.
     """
-    for name, value in (("heads", heads), ("width", width)):
-        if value % tp:
-            raise ValueError(f"{name}={value} is not divisible by tensor-parallel {tp}")
-    if sequence_parallel and seq % tp:
-        raise ValueError(f"seq={seq} is not divisible by tensor-parallel size {tp}")
+    _check_split(seq, width, heads, tp, sequence_parallel)
     h, a, b, s, n = width, heads, batch, seq, batch * seq
     r, z, i, v = (precision.nbytes(k) for k in ("residual", "stats", "input", "value"))
     cast = precision.nbytes("weight_copy")
@@ -251,11 +259,7 @@ def layer_activation_bytes(
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
-    for name, value in (("heads", heads), ("width", width)):
-        if value % tp:
-            raise ValueError(f"{name}={value} is not divisible by tensor-parallel {tp}")
-    if sequence_parallel and seq % tp:
-        raise ValueError(f"seq={seq} is not divisible by tensor-parallel size {tp}")
+    _check_split(seq, width, heads, tp, sequence_parallel)
     h, a, s, v, m = width, heads, seq, value_bytes, mask_bytes
     tokens, split = batch * seq, (tp if sequence_parallel else 1)
     if recompute == "full":
