@@ -88,6 +88,24 @@ def test_per_rank_list_entry_by_entry_names_the_first_wrong_rank(capsys) -> None
     assert _line(capsys) == f"t.r: not answered yet — hint: {HINT}"
 
 
+def test_returns_compares_each_tensor_by_name(capsys) -> None:
+    x = torch.arange(4.0)
+    want = {"double": x * 2, "square": x * x}
+    check = lambda a: core.check_returns(  # noqa: E731
+        "t.f", a, (x,), want, hint=HINT
+    )
+    assert check(lambda t: (t * 2, t * t))
+    assert _line(capsys) == "t.f: PASS"
+    assert not check(lambda t: (t * 2, t * 3))
+    assert "square is off by up to 2" in _line(capsys)  # 3x against x²
+    assert not check(lambda t: t * 2)
+    assert "expected a pair (double, square), got Tensor" in _line(capsys)
+    assert not check(lambda t: t[9])
+    assert "your function raised IndexError" in _line(capsys)
+    assert check(None) is False
+    assert _line(capsys) == f"t.f: not answered yet — hint: {HINT}"
+
+
 def test_compare_says_type_shape_then_values() -> None:
     want = torch.ones(3)
     assert core.compare(want.clone(), want, "x") is None

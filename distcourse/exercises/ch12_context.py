@@ -22,12 +22,12 @@ import torch.distributed as dist
 
 from distcourse.comm.ledger import Ledger
 from distcourse.exercises.core import (
-    AnswerError,
     Problem,
     call,
     check_answer,
     check_number,
     check_on_ranks,
+    check_returns,
     compare,
 )
 
@@ -48,24 +48,18 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
     return torch.exp(s - lse) @ v, lse
 
 
-def merge_judge(answer: object) -> Problem:
-    """The answer's merge of two halves of the keys against attention over all."""
+def check_merge(answer: object) -> bool:
+    """`answer(out_a, lse_a, out_b, lse_b) -> (out, lse)`, checked in this process:
+    the merge of two halves of the keys against attention over all of them."""
     gen = torch.Generator().manual_seed(12)
     q, ka, va, kb, vb = (torch.randn(2, 2, 5, 4, generator=gen) for _ in range(5))
     kb = kb * 4  # scores of very different sizes: a merge must rescale, not add
-    want, want_lse = _attend(q, torch.cat([ka, kb], 2), torch.cat([va, vb], 2))
-    got = call(answer, *_attend(q, ka, va), *_attend(q, kb, vb))
-    if not isinstance(got, tuple) or len(got) != 2:
-        raise AnswerError(f"expected a pair (out, lse), got {type(got).__name__}")
-    return compare(got[0], want, "out") or compare(got[1], want_lse, "lse")
-
-
-def check_merge(answer: object) -> bool:
-    """`answer(out_a, lse_a, out_b, lse_b) -> (out, lse)`, checked in this process."""
-    return check_answer(
+    out, lse = _attend(q, torch.cat([ka, kb], 2), torch.cat([va, vb], 2))
+    return check_returns(
         "ch12_context.merge",
         answer,
-        merge_judge,
+        (*_attend(q, ka, va), *_attend(q, kb, vb)),
+        {"out": out, "lse": lse},
         hint="lse = logaddexp(lse_a, lse_b); each half's output counts with the "
         "share of the probability mass it saw: out = exp(lse_a - lse) out_a + "
         "exp(lse_b - lse) out_b",

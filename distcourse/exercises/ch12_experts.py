@@ -21,9 +21,9 @@ import torch.distributed as dist
 from distcourse.exercises.core import (
     Problem,
     call,
-    check_answer,
     check_number,
     check_on_ranks,
+    check_returns,
     compare,
 )
 from distcourse.parallel.experts import capacity
@@ -49,25 +49,17 @@ def _logits() -> torch.Tensor:
     return logits
 
 
-def route_top1_judge(answer: object) -> Problem:
-    """The answer's experts and flags against top-1 routing with room for 3."""
+def check_route_top1(answer: object) -> bool:
+    """`answer(logits, capacity) -> (expert, kept)`: 12 tokens, 3 experts, room 3."""
     logits, room = _logits(), 3
-    got = call(answer, logits.clone(), room)
-    if not isinstance(got, tuple) or len(got) != 2:
-        return "it should return a pair (expert, kept)"
     expert = logits.argmax(dim=-1)
     one_hot = torch.nn.functional.one_hot(expert, logits.shape[1])
     position = (one_hot.cumsum(dim=0) - 1).gather(1, expert[:, None])[:, 0]
-    problem = compare(got[0], expert, "expert")
-    return problem or compare(got[1], position < room, "kept")
-
-
-def check_route_top1(answer: object) -> bool:
-    """`answer(logits, capacity) -> (expert, kept)`: 12 tokens, 3 experts, room 3."""
-    return check_answer(
+    return check_returns(
         "ch12_experts.route_top1",
         answer,
-        route_top1_judge,
+        (logits.clone(), room),
+        {"expert": expert, "kept": position < room},
         hint="expert = logits.argmax(-1); a token's place in its expert's queue is "
         "how many earlier tokens chose the same expert (cumsum of a one-hot); it is "
         "kept when that place is below the capacity",

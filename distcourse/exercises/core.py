@@ -17,6 +17,8 @@ Answers of every kind, a helper each:
   entry by entry; strings compare without spaces or case ('s(0)' is 'S(0)').
 - `check_per_rank(name, answer, expected, what=..., hint=...)`: a list with one
   entry per rank (pieces' shapes, shards' rows), entry by entry as in a table.
+- `check_returns(name, answer, args, expected, hint=...)`: a function run in this
+  process on `args`, whose tuple of tensors is compared, by name, with `expected`.
 - `check_on_ranks(name, answer, probe, world_size, hint=...)`: a function that runs on
   real gloo ranks (`launch.spawn`); `probe(answer)` runs on every rank, calls the
   answer through `call`, and returns what is wrong on that rank, or None.
@@ -285,5 +287,22 @@ def check_per_rank(
             if plain(mine) != plain(want):
                 return f"the entry for rank {rank}, {mine!r}, is not right"
         return None
+
+    return check_answer(name, answer, judge, hint=hint)
+
+
+def check_returns(
+    name: str, answer: Any, args: tuple, expected: dict[str, torch.Tensor], *, hint: str
+) -> bool:
+    """A function answer run here: `answer(*args)` returns a tuple of tensors, one
+    for each entry of `expected` in its order, each compared under its key."""
+
+    def judge(fn: Any) -> Problem:
+        got = call(fn, *args)
+        names, kind = ", ".join(expected), "a pair" if len(expected) == 2 else "a tuple"
+        if not isinstance(got, tuple) or len(got) != len(expected):
+            return f"expected {kind} ({names}), got {type(got).__name__}"
+        found = map(compare, got, expected.values(), expected)
+        return next(filter(None, found), None)
 
     return check_answer(name, answer, judge, hint=hint)
