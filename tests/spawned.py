@@ -5,7 +5,8 @@ share (imported as `spawned`, beside `helpers`: pytest puts tests/ on the path).
   spawn of its ranks (one per world size) instead of each spawning its own;
 - `said_alike` / `assert_named` / `assert_differs` / `assert_rejected`: what the
   cases of a `helpers.disagreements` run raised, and `names_each_case`, the one
-  test of a file's table of them;
+  test of a file's table of them; `rank_1_differs`: the whole error of a case
+  where rank 1 built another model than rank 0;
 - `refused_before_any_group`: `checks.outcomes` on a rank, and no process group made
   by any of the bad calls; `error_of` / `errors_and_sent`: the message each bad call
   raised on a rank, and how many messages the calls sent; `assert_says`: each
@@ -52,6 +53,16 @@ def assert_named(found: list[dict], case: str, said: str | tuple[str, ...]) -> N
         assert said_alike(found, case) == said
     else:
         assert_differs(found, case, *said)
+
+
+def rank_1_differs(by: str, mine: str, theirs: str) -> str:
+    """The whole error (as `said_alike` gives it) that `by` raises on every rank when
+    rank 1 has `mine` where rank 0 has `theirs` (comm.agree's words)."""
+    return (
+        f"ValueError: {by}: rank(s) [1] differ from rank 0 (rank 1: {mine} where "
+        f"rank 0 has {theirs}); every rank must build the same model with the same "
+        "arguments"
+    )
 
 
 def names_each_case(named: dict[str, str | tuple[str, ...]]) -> Callable:

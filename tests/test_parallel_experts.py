@@ -12,7 +12,13 @@ import pytest
 import torch
 import torch.distributed as dist
 from helpers import disagreements, refused_alike, timed_error
-from spawned import names_each_case, on_ranks, once, refused_before_any_group
+from spawned import (
+    names_each_case,
+    on_ranks,
+    once,
+    rank_1_differs,
+    refused_before_any_group,
+)
 
 from distcourse.examples.gpt import GPTConfig
 from distcourse.parallel import experts, hybrid
@@ -154,11 +160,10 @@ def _disagreeing() -> dict:
 disagreeing = once(lambda: disagreements(_disagreeing))
 
 NAMED = {  # a case of _disagreeing -> its whole error, or words of "rank 1 differs"
-    "count": (  # an expert count
-        "ValueError: shard_experts: rank(s) [1] differ from rank 0 (rank 1: "
-        "settings {'n_experts': 6, 'top_k': 1, 'capacity': 1.25} where rank 0 has "
-        "{'n_experts': 4, 'top_k': 1, 'capacity': 1.25}); every rank must build "
-        "the same model with the same arguments"
+    "count": rank_1_differs(  # an expert count
+        "shard_experts",
+        "settings {'n_experts': 6, 'top_k': 1, 'capacity': 1.25}",
+        "{'n_experts': 4, 'top_k': 1, 'capacity': 1.25}",
     ),
     "shape": (  # expert shapes
         "shard_experts: rank(s) [1] differ from rank 0",

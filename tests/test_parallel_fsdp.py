@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from helpers import disagreements, refused_alike, timed_error
-from spawned import assert_rejected, names_each_case, on_ranks, once
+from spawned import assert_rejected, names_each_case, on_ranks, once, rank_1_differs
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -291,11 +291,8 @@ def _disagreeing() -> dict:
 disagreeing = once(lambda: disagreements(_disagreeing))
 
 NAMED = {  # a case of _disagreeing -> its whole error, or words of "rank 1 differs"
-    "shape": (  # a model of another shape on one rank
-        "ValueError: fully_shard: rank(s) [1] differ from rank 0 (rank 1: "
-        "Linear.weight float32[9, 10] where rank 0 has Linear.weight "
-        "float32[7, 10]); every rank must build the same model with the same "
-        "arguments"
+    "shape": rank_1_differs(  # a model of another shape on one rank
+        "fully_shard", "Linear.weight float32[9, 10]", "Linear.weight float32[7, 10]"
     ),
     "dtype": ("Net.blocks.0.0.weight float64[10, 6] where rank 0 has",),
     "reshard": ("'reshard_after_forward': True",),  # other settings
