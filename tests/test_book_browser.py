@@ -340,9 +340,24 @@ def chapter_number(chapter: str) -> str:
     return head.lstrip("0") if head[:1].isdigit() else ""
 
 
-def none_found(chapter: str, got: dict, key: str, what: str) -> None:
-    """The reading of `chapter` found nothing under `key`, or says what it found."""
-    assert not got[key], f"{chapter}: {what}:\n" + "\n".join(map(str, got[key]))
+# What a reading lists under each of these keys breaks a rule: a chapter in READ
+# shows none of it (read_chapter checks the keys a test names).
+BROKEN_RULES = {
+    "tables": "table lines wrapped",
+    "broken": "words broken across lines",
+    "plain": "formulas as plain text",
+    "long": f"paragraphs over {MAX_WORDS} words",
+}
+
+
+def read_chapter(browser: object, site: str, chapter: str, *clean: str) -> dict:
+    """The reading of `chapter`'s page, after checking that it found nothing under
+    each key of `clean` (or saying what it found, in BROKEN_RULES' words)."""
+    got = _reading(browser, f"{site}/book/{chapter}.html")
+    for key in clean:
+        found = "\n".join(map(str, got[key]))
+        assert not got[key], f"{chapter}: {BROKEN_RULES[key]}:\n{found}"
+    return got
 
 
 def test_the_reading_list_names_chapters_that_exist() -> None:
@@ -353,16 +368,14 @@ def test_the_reading_list_names_chapters_that_exist() -> None:
 def test_no_line_of_a_table_wraps_and_no_word_of_a_column_breaks(
     browser: object, site: str, chapter: str
 ) -> None:
-    got = _reading(browser, f"{site}/book/{chapter}.html")
-    none_found(chapter, got, "tables", "table lines wrapped")
-    none_found(chapter, got, "broken", "words broken across lines")
+    read_chapter(browser, site, chapter, "tables", "broken")
 
 
 @pytest.mark.parametrize("chapter", ["intro", *READ])
 def test_every_figure_is_numbered_captioned_described_and_readable(
     browser: object, site: str, chapter: str
 ) -> None:
-    got = _reading(browser, f"{site}/book/{chapter}.html")
+    got = read_chapter(browser, site, chapter)
     figures, number = got["figures"], chapter_number(chapter)
     assert figures, f"{chapter}: no figure"
     prefix = f"{number}." if number else ""
@@ -382,9 +395,7 @@ def test_every_figure_is_numbered_captioned_described_and_readable(
 def test_formulas_are_typeset_paragraphs_short_and_the_chapter_closes(
     browser: object, site: str, chapter: str
 ) -> None:
-    got = _reading(browser, f"{site}/book/{chapter}.html")
-    none_found(chapter, got, "plain", "formulas as plain text")
-    none_found(chapter, got, "long", f"paragraphs over {MAX_WORDS} words")
+    got = read_chapter(browser, site, chapter, "plain", "long")
     assert len(got["takeaways"]) == 1, f"{chapter}: one takeaways box, not {got}"
     assert got["takeaways"][0] >= 3, f"{chapter}: takeaways of at least 3 points"
     if got["pitfallSection"]:
