@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
@@ -40,6 +41,27 @@ def test_report_prints_json_or_text(capsys: pytest.CaptureFixture) -> None:
     assert json.loads(capsys.readouterr().out) == {"ratio": 0.5}
     common.report({}, False, lambda: ["a", "b"])
     assert capsys.readouterr().out == "a\nb\n"
+
+
+def test_a_comparison_reports_its_ratios_on_the_last_world_size(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    bench = common.Comparison("x", ("torch", "ours"), ("ratio",), 15, "vs torch")
+    cfg = common.MLPConfig(1, 1, 1, 1, 0, 1, worlds=(2,))
+    text = ("the model", "ours / torch on {ranks} ranks: {ratio:.2f}")
+    assert bench.report(argparse.Namespace(json=True), cfg, ROWS, text, ranks=2) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert list(result) == ["benchmark", "ratio", "ranks", "config", "table"]
+    assert (result["benchmark"], result["ratio"], result["table"]) == ("x", 0.75, ROWS)
+    assert result["config"]["worlds"] == [2]
+    bench.report(argparse.Namespace(json=False), cfg, ROWS, text)
+    assert capsys.readouterr().out.splitlines() == [
+        "the model",
+        *bench.table(ROWS).splitlines(),
+        "ours / torch on 2 ranks: 0.75",
+    ]
+    assert bench.table(ROWS) == common.table(ROWS, 15, "vs torch")
+    assert bench.parser("a benchmark", "tiny").prog == "python -m distcourse.bench x"
 
 
 def test_common_is_not_listed_as_a_benchmark() -> None:

@@ -3,9 +3,11 @@
 Not a benchmark itself (`python -m distcourse.bench` lists only the others). A
 benchmark builds its parser with `parser` (`sized` adds --ranks and --steps), looks
 up ratios with `ratio_of`, and ends with `report`: one JSON object for `--json`,
-otherwise its own text lines. On the ranks, `time_rounds` times the implementations
-back to back; `over_worlds` runs that at each world size and `rows` turns the times
-into table rows with ratios against the reference measured in the same rounds.
+otherwise its own text lines (`Comparison` does all of that for a benchmark that
+times implementations against a reference at each world size). On the ranks,
+`time_rounds` times the implementations back to back; `over_worlds` runs that at
+each world size and `rows` turns the times into table rows with ratios against the
+reference measured in the same rounds.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import argparse
 import itertools
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -75,6 +77,67 @@ def report(result: dict, as_json: bool, text: Callable[[], list[str]]) -> int:
     """Print `result` as one JSON object, or the lines `text()` makes; exit code 0."""
     print(json.dumps(result) if as_json else "\n".join(text()))
     return 0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A benchmark that times `implementations` at each world size of its config
+    (`over_worlds`), each against the first in the same rounds (`vs_torch`: they ran
+    back to back, so slow drifts in load cancel out), and reports on the last world
+    size: its parser, its table, its JSON object and its text.
+
+    `ratios` names, for each implementation after the first, the JSON key of its
+    ratio there; `width` and `vs` are the table's implementation column width and
+    ratio header (`table`).
+    """
+
+    name: str  # python -m distcourse.bench NAME
+    implementations: tuple[str, ...]
+    ratios: tuple[str, ...]
+    width: int
+    vs: str
+
+    def parser(self, description: str, quick: str) -> argparse.ArgumentParser:
+        """`parser` for this benchmark."""
+        return parser(self.name, description, quick)
+
+    def run(
+        self,
+        measure: Callable[..., Sequence],
+        cfg: Any,
+        *args: object,
+        deadline: float = 600,
+    ) -> list[dict]:
+        """`measure(cfg, *args)` on the ranks of each of `cfg.worlds`: one row per
+        (ranks, implementation), `vs_torch` against the first (`over_worlds`)."""
+        names = self.implementations
+        return over_worlds(measure, cfg.worlds, names, 0, cfg, *args, deadline=deadline)
+
+    def table(self, rows: Sequence[dict]) -> str:
+        """The rows as an aligned text table."""
+        return table(rows, self.width, self.vs)
+
+    def report(
+        self,
+        args: argparse.Namespace,
+        cfg: Any,
+        rows: list[dict],
+        text: tuple[str, str],
+        **fields: object,
+    ) -> int:
+        """Print the result (`report`): as JSON, the benchmark's name, the `ratios`
+        on the last world size, `fields`, the config and the rows; as text, `text`'s
+        model line, the table, and its verdict, a template formatted with those
+        ratios and `ranks` (the last world size)."""
+        ranks = cfg.worlds[-1]
+        keyed = zip(self.ratios, self.implementations[1:], strict=True)
+        found = {key: ratio_of(rows, name, ranks) for key, name in keyed}
+        result = dict(
+            benchmark=self.name, **found, **fields, config=asdict(cfg), table=rows
+        )
+        model, verdict = text
+        lines = [model, self.table(rows), verdict.format(ranks=ranks, **found)]
+        return report(result, args.json, lambda: lines)
 
 
 def time_rounds(

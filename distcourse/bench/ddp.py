@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +24,10 @@ from distcourse.examples import models
 from distcourse.parallel.ddp import DDP, average_gradients
 
 IMPLEMENTATIONS = ("torch DDP", "ours (DDP)", "naive average")
+BENCH = common.Comparison(
+    "ddp", IMPLEMENTATIONS, ("ratio", "naive_ratio"), 15, "vs torch DDP"
+)
+format_table = BENCH.table  # the rows as an aligned text table
 BUCKET_MB = 25.0  # torch's default cap; see the chapter for how the size was tuned
 
 
@@ -71,46 +74,17 @@ def _measure(cfg: Config, bucket_mb: float) -> list[list[float]]:
     return common.time_rounds(steps, cfg.warmup, cfg.steps)
 
 
-def run(cfg: Config, bucket_mb: float = BUCKET_MB) -> list[dict]:
-    """Time every implementation at every world size; one row per (ranks, name).
-
-    `vs_torch` is the median over steps of (this step time / torch DDP's step time in
-    the same round): the two ran back to back, so slow drifts in load cancel out.
-    """
-    reference = IMPLEMENTATIONS.index("torch DDP")
-    return common.over_worlds(
-        _measure, cfg.worlds, IMPLEMENTATIONS, reference, cfg, bucket_mb, deadline=300
-    )
-
-
-def format_table(rows: list[dict]) -> str:
-    """The rows as an aligned text table."""
-    return common.table(rows, 15, "vs torch DDP")
-
-
 def main(argv: list[str]) -> int:
     """Parse options, run the benchmark, print a table (or one JSON object)."""
-    parser = common.parser(
-        "ddp",
+    parser = BENCH.parser(
         "Step time of our DDP vs torch DDP vs naive gradient averaging.",
         "tiny model, few steps",
     )
     parser.add_argument("--bucket-mb", type=float, default=BUCKET_MB)
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    rows = run(cfg, args.bucket_mb)
+    rows = BENCH.run(_measure, cfg, args.bucket_mb, deadline=300)
     params = models.count_parameters(models.wide_mlp(cfg.width, cfg.depth, cfg.d_in))
-    ratio = common.ratio_of(rows, "ours (DDP)", 4)
-    naive = common.ratio_of(rows, "naive average", 4)
-    result = dict(
-        benchmark="ddp",
-        ratio=ratio,
-        naive_ratio=naive,
-        bucket_cap_mb=args.bucket_mb,
-        parameters=params,
-        config=asdict(cfg),
-        table=rows,
-    )
     model = (
         f"wide_mlp(width={cfg.width}, depth={cfg.depth}, d_in={cfg.d_in}): "
         f"{params / 1e6:.2f} M parameters, batch {cfg.batch} per rank, "
@@ -118,8 +92,14 @@ def main(argv: list[str]) -> int:
         f"our buckets {args.bucket_mb:g} MB"
     )
     verdict = (
-        f"ours / torch DDP on 4 ranks: {ratio:.2f}; naive / torch DDP: {naive:.2f}"
+        "ours / torch DDP on {ranks} ranks: {ratio:.2f}; "
+        "naive / torch DDP: {naive_ratio:.2f}"
     )
-    return common.report(
-        result, args.json, lambda: [model, format_table(rows), verdict]
+    return BENCH.report(
+        args,
+        cfg,
+        rows,
+        (model, verdict),
+        bucket_cap_mb=args.bucket_mb,
+        parameters=params,
     )

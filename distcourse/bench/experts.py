@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,8 @@ from distcourse.bench import common
 from distcourse.parallel.experts import MoE, shard_experts
 
 IMPLEMENTATIONS = ("one process (all experts)", "ours (experts over ranks)")
+BENCH = common.Comparison("experts", IMPLEMENTATIONS, ("ratio",), 26, "vs one process")
+format_table = BENCH.table  # the rows as an aligned text table
 
 
 @dataclass(frozen=True)
@@ -71,47 +73,31 @@ def _measure(cfg: Config) -> list[list[float]]:
     return common.time_rounds(steps, cfg.warmup, cfg.steps)
 
 
-def run(cfg: Config) -> list[dict]:
-    """Time both at every world size; one row per (ranks, implementation)."""
-    return common.over_worlds(_measure, cfg.worlds, IMPLEMENTATIONS, 0, cfg)
-
-
-def format_table(rows: list[dict]) -> str:
-    """The rows as an aligned text table."""
-    return common.table(rows, 26, "vs one process")
-
-
 def main(argv: list[str]) -> int:
     """Parse options, run the benchmark, print a table (or one JSON object)."""
-    parser = common.parser(
-        "experts",
+    parser = BENCH.parser(
         "MoE layer step time: experts over ranks vs one process holding them all.",
         "tiny sizes, few steps",
     )
     cfg, args = common.sized(
         parser, argv, (QUICK, FULL), lambda c: c.experts, "the {unit} experts"
     )
-    rows = run(cfg)
-    last = cfg.worlds[-1]
-    ratio = common.ratio_of(rows, IMPLEMENTATIONS[1], last)
-    result = dict(
-        benchmark="experts",
-        ratio=ratio,
-        torch_moe="none: torch has no MoE layer in its core",
-        ranks=last,
-        config=asdict(cfg),
-        table=rows,
+    rows = BENCH.run(_measure, cfg)
+    model = (
+        f"MoE: {cfg.experts} experts MLP({cfg.hidden}, {4 * cfg.hidden}), "
+        f"top-{cfg.top_k}, capacity factor {cfg.capacity_factor}, "
+        f"{cfg.tokens} tokens per rank; forward + backward, median of "
+        f"{cfg.steps} steps after {cfg.warmup} warm-up"
     )
-    return common.report(
-        result,
-        args.json,
-        lambda: [
-            f"MoE: {cfg.experts} experts MLP({cfg.hidden}, {4 * cfg.hidden}), "
-            f"top-{cfg.top_k}, capacity factor {cfg.capacity_factor}, "
-            f"{cfg.tokens} tokens per rank; forward + backward, median of "
-            f"{cfg.steps} steps after {cfg.warmup} warm-up",
-            format_table(rows),
-            f"ours / one process on {last} ranks: {ratio:.2f} (torch has no MoE "
-            "layer in its core to time beside them)",
-        ],
+    verdict = (
+        "ours / one process on {ranks} ranks: {ratio:.2f} (torch has no MoE "
+        "layer in its core to time beside them)"
+    )
+    return BENCH.report(
+        args,
+        cfg,
+        rows,
+        (model, verdict),
+        torch_moe="none: torch has no MoE layer in its core",
+        ranks=cfg.worlds[-1],
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -30,6 +30,10 @@ IMPLEMENTATIONS = (
     "ours (ParallelMLP)",
     "ours, check=False",
 )
+BENCH = common.Comparison(
+    "tp", IMPLEMENTATIONS, ("ratio", "unchecked_ratio"), 25, "vs torch"
+)
+format_table = BENCH.table  # the rows as an aligned text table
 
 
 @dataclass(frozen=True)
@@ -86,52 +90,24 @@ def _measure(cfg: Config) -> list[list[float]]:
     return common.time_rounds(steps, cfg.warmup, cfg.steps)
 
 
-def run(cfg: Config) -> list[dict]:
-    """Time every implementation at every world size; one row per (ranks, name).
-
-    `vs_torch` is the median over steps of (this step's time / torch's step time in
-    the same round): they ran back to back, so slow drifts in load cancel out.
-    """
-    return common.over_worlds(_measure, cfg.worlds, IMPLEMENTATIONS, 0, cfg)
-
-
-def format_table(rows: list[dict]) -> str:
-    """The rows as an aligned text table."""
-    return common.table(rows, 25, "vs torch")
-
-
 def main(argv: list[str]) -> int:
     """Parse options, run the benchmark, print a table (or one JSON object)."""
-    parser = common.parser(
-        "tp",
+    parser = BENCH.parser(
         "Parallel-MLP step time: ours vs torch's parallelize_module.",
         "tiny sizes, few steps",
     )
     cfg, args = common.sized(
         parser, argv, (QUICK, FULL), lambda c: 4 * c.hidden, "4 x hidden = {unit}"
     )
-    rows = run(cfg)
-    last = cfg.worlds[-1]
-    ratio = common.ratio_of(rows, IMPLEMENTATIONS[1], last)
-    unchecked = common.ratio_of(rows, IMPLEMENTATIONS[2], last)
-    result = dict(
-        benchmark="tp",
-        ratio=ratio,
-        unchecked_ratio=unchecked,
-        ranks=last,
-        config=asdict(cfg),
-        table=rows,
+    rows = BENCH.run(_measure, cfg)
+    model = (
+        f"MLP Linear({cfg.hidden}, {4 * cfg.hidden}) -> GELU -> "
+        f"Linear({4 * cfg.hidden}, {cfg.hidden}), input ({cfg.batch}, {cfg.seq}, "
+        f"{cfg.hidden}); forward + backward, median of {cfg.steps} steps after "
+        f"{cfg.warmup} warm-up"
     )
-    return common.report(
-        result,
-        args.json,
-        lambda: [
-            f"MLP Linear({cfg.hidden}, {4 * cfg.hidden}) -> GELU -> "
-            f"Linear({4 * cfg.hidden}, {cfg.hidden}), input ({cfg.batch}, {cfg.seq}, "
-            f"{cfg.hidden}); forward + backward, median of {cfg.steps} steps after "
-            f"{cfg.warmup} warm-up",
-            format_table(rows),
-            f"ours / torch on {last} ranks: {ratio:.2f}; without the check: "
-            f"{unchecked:.2f}",
-        ],
+    verdict = (
+        "ours / torch on {ranks} ranks: {ratio:.2f}; without the check: "
+        "{unchecked_ratio:.2f}"
     )
+    return BENCH.report(args, cfg, rows, (model, verdict), ranks=cfg.worlds[-1])
