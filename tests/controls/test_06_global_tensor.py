@@ -24,7 +24,7 @@ import distcourse.global_tensor as gt
 from distcourse.global_tensor import boxing, create, io
 
 CHAPTER = harness.Chapter(
-    "06_global_tensor", setup=["p1 = gt.placement", "class ToyModel"]
+    "06_global_tensor", setup=["p1 = gt.placement", "class ToyModel"], stored=True
 )
 S0, S1, B, P = gt.sbp.split(0), gt.sbp.split(1), gt.sbp.broadcast, gt.sbp.partial_sum
 PIECES = [  # the cells, by a text of each

@@ -17,7 +17,9 @@ from harness import Fault, Plant, Swap
 
 from distcourse.global_tensor import boxing, duality, tensor
 
-CHAPTER = harness.Chapter("07_global_backward", setup=["p1 = gt.placement"])
+CHAPTER = harness.Chapter(
+    "07_global_backward", setup=["p1 = gt.placement"], stored=True
+)
 CELLS = [  # the cells, by a text of each
     "costs = duality.conversion_table(p1",
     "all 60 gradients equal dy",

@@ -20,7 +20,9 @@ from harness import Fault, Plant
 
 from distcourse.global_tensor import boxing, layouts
 
-CHAPTER = harness.Chapter("08b_hybrid_global", setup=["mine = p if rank < 4 else q"])
+CHAPTER = harness.Chapter(
+    "08b_hybrid_global", setup=["mine = p if rank < 4 else q"], stored=True
+)
 PLAN = "model = gt.parallelize(copy.deepcopy(one), mine, plan)"  # cells, by a text
 ONE_STAGE = [PLAN, "xg, yg = layouts.cut(x", "mp = ParallelMLP.from_module"]
 DTENSOR = ["mesh = init_device_mesh(device.type, (2, 2, 2)", "loss: ours vs DTensor"]

@@ -35,6 +35,7 @@ CHAPTER = harness.Chapter(
     "from torch.distributed.device_mesh import DeviceMesh\n"
     "world_mesh = DeviceMesh.from_group(dist.group.WORLD, device.type)\n",
     here="from distcourse import viz",
+    stored=True,
 )
 ZERO_1 = "bytes held by kind = ZeRO-1's formula"  # the cells, by a text of each
 ZERO_2 = "wire bytes of a step {sent} = ZeRO-2's formula"

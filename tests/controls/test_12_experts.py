@@ -26,7 +26,9 @@ from distcourse.parallel import experts
 from distcourse.parallel.experts import check, dropless_check, layer, router
 from distcourse.parallel.experts.model import is_expert
 
-CHAPTER = harness.Chapter("12_experts", setup=["experts.shard_experts(moe)"])
+CHAPTER = harness.Chapter(
+    "12_experts", setup=["experts.shard_experts(moe)"], stored=True
+)
 ROUTER = ["r = experts.route(logits", "by_hand = ["]  # the cells, by a text of each
 LAYER = ["CASES = {", "for what, r in FOUND.items():"]
 MODEL = ["layout = hybrid.Layout(dp=2, ep=2)"]

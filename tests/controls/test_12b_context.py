@@ -29,7 +29,7 @@ from distcourse.parallel import context
 from distcourse.parallel.context import check, ring, split, ulysses
 from distcourse.parallel.context import gpt as cg
 
-CHAPTER = harness.Chapter("12b_context", setup=["SHAPE = (2, 2, 16, 4)"])
+CHAPTER = harness.Chapter("12b_context", setup=["SHAPE = (2, 2, 16, 4)"], stored=True)
 RING = "for causal in (True, False):\n    for layout in context.LAYOUTS:\n        diffs"
 GQA = "GQA = (2, 8, 16, 4)"  # the cells, by a text of each
 COST = "cost = check.wire_and_memory(SHAPE)"
