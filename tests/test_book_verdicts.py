@@ -1,8 +1,9 @@
 """conftest.py's verdict check: under `pytest --nbval`, every verdict a notebook prints
 in this run must hold, also where nbval does not compare the output.
 
-Each case runs pytest on a two-cell notebook in a folder of the repository (so the
-repository's conftest.py applies), in a subprocess with its own kernel.
+Each case runs pytest on small notebooks in a folder of the repository (so the
+repository's conftest.py applies), in a subprocess with its own kernel; the three
+cases that must pass share one run (`passing`).
 """
 
 from __future__ import annotations
@@ -61,13 +62,34 @@ def _pytest(*notebooks: Path, workers: int = 0) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture
-def folder() -> Iterator[Path]:
+def _folder() -> Iterator[Path]:
     """A new folder inside the repository (conftest.py applies), removed after."""
     (ROOT / "_build").mkdir(exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix="verdicts-", dir=ROOT / "_build"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+folder = pytest.fixture(_folder)
+
+
+@pytest.fixture(scope="module")
+def passing() -> Iterator[tuple[subprocess.CompletedProcess, list[str]]]:
+    """One pytest run of three notebooks that must all pass (each a pytest process
+    and a kernel: seconds of CPU apiece); the run, and its lines that name a
+    failure or an error."""
+    folder = next(made := _folder())
+    holds = _write(folder / "holds.ipynb", "same on every rank: True", "same: True")
+    shown = "one bucket hides nothing: False"  # a check shown failing on purpose
+    on_purpose = _write(folder / "on_purpose.ipynb", shown, shown)
+    cell = new_code_cell(
+        "from ipykernel.kernelapp import IPKernelApp\n"
+        "assert IPKernelApp.instance().transport == 'ipc'"
+    )
+    nbformat.write(new_notebook(cells=[cell]), transport := folder / "transport.ipynb")
+    run = _pytest(holds, on_purpose, transport)
+    yield run, [ln for ln in run.stdout.splitlines() if "FAIL" in ln or "ERROR" in ln]
+    next(made, None)
 
 
 def test_a_verdict_that_fails_where_nbval_does_not_compare_fails_the_run(
@@ -80,18 +102,18 @@ def test_a_verdict_that_fails_where_nbval_does_not_compare_fails_the_run(
     assert "notebook verdicts: 0 passed, 2 failed (1 notebooks)" in run.stdout
 
 
-def test_verdicts_that_hold_pass_and_are_counted(folder: Path) -> None:
-    run = _run_nbval(folder, "identical on every rank: True", "identical: True")
-    assert run.returncode == 0, run.stdout
-    assert "notebook verdicts: 1 passed, 0 failed (1 notebooks)" in run.stdout
+def test_verdicts_that_hold_pass_and_are_counted(passing: tuple) -> None:
+    run, failures = passing
+    assert run.returncode == 0 and not failures, run.stdout
+    assert "notebook verdicts: 2 passed, 0 failed (3 notebooks)" in run.stdout
 
 
 def test_a_fail_printed_on_purpose_in_the_stored_notebook_passes(
-    folder: Path,
+    passing: tuple,
 ) -> None:
-    shown = "one bucket hides nothing: False"  # a check shown failing on purpose
-    run = _run_nbval(folder, shown, shown)
-    assert run.returncode == 0, run.stdout
+    run, failures = passing
+    assert not [line for line in failures if "on_purpose.ipynb" in line], run.stdout
+    assert "\n5 passed in " in run.stdout  # every cell of the 3 notebooks ran
 
 
 def test_verdicts_are_checked_and_counted_on_xdist_workers(folder: Path) -> None:
@@ -110,14 +132,10 @@ def test_verdicts_are_checked_and_counted_on_xdist_workers(folder: Path) -> None
     )
 
 
-def test_nbvals_kernels_talk_over_unix_sockets(folder: Path) -> None:
+def test_nbvals_kernels_talk_over_unix_sockets(passing: tuple) -> None:
     """conftest.py starts nbval's kernels on ipc sockets: a TCP port that
     jupyter_client found free could be taken by a gloo rank before the kernel bound
     it (the kernel died, and this file's xdist test failed inside `make test`)."""
-    cell = new_code_cell(
-        "from ipykernel.kernelapp import IPKernelApp\n"
-        "assert IPKernelApp.instance().transport == 'ipc'"
-    )
-    nbformat.write(new_notebook(cells=[cell]), folder / "transport.ipynb")
-    run = _pytest(folder / "transport.ipynb")
-    assert run.returncode == 0, run.stdout
+    run, failures = passing
+    assert not [line for line in failures if "transport.ipynb" in line], run.stdout
+    assert "\n5 passed in " in run.stdout
