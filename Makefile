@@ -165,8 +165,13 @@ test-compat: $(COMPAT_VENV)/.installed
 		$(addprefix --ignore=,$(BROWSER_TESTS) tests/controls) $(UNIT_ARGS) -m "not load"
 
 # `notebooks` also checks every verdict the chapters print (conftest.py): the CPU
-# side of `make test-gpu`, on the outputs nbval has just executed.
-test: chromium lint unit notebooks browser
+# side of `make test-gpu`, on the outputs nbval has just executed. The notebooks and
+# the browser check run side by side (each one's output printed whole when it ends):
+# the browser check waits on Chromium a third of its time (its CPU 64 % busy
+# alone), and the notebooks' verdicts judge stored runs, so load cannot flip them
+# (tests/test_book_timing_load.py).
+test: chromium lint unit
+	$(MAKE) --no-print-directory --output-sync=target -j2 notebooks browser
 
 # On a GPU box, two checks; -k: the book runs even where the suite failed, and the
 # target fails if either did. Without a GPU (no `nvidia-smi -L` listing one) they run
