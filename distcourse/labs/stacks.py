@@ -58,19 +58,19 @@ def log_loss_on_rank_0(wait: float) -> dict:
 
 
 def recorded(seconds: float) -> None:
-    """Return once this rank's Flight Recorder counts every call that has returned
-    as completed (or after `seconds`): gloo marks a call completed in the recorder
-    on its own thread, after the caller's wait() has returned, so a dump taken at
-    once can still say the last call is not done. It did once in CI, with three
-    notebooks running beside this one ("last completed #1" where #2 had returned)."""
+    """Return once this rank's Flight Recorder counts every call it recorded as
+    completed, entries and group counter alike (or after `seconds`): gloo marks a
+    call done on its own thread after the caller's wait() returned, and the counter
+    can lag the entries (CI, loaded: "last enqueued #3, last completed #1" beside an
+    entry #2 marked completed), so a dump taken at once can say too little."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+        last = max((e["collective_seq_id"] for e in dump["entries"]), default=0)
         counts = dump["pg_status"].values()
-        if all(
-            s["last_completed_collective"] >= s["last_enqueued_collective"]
-            for s in counts
-        ) and all(e["retired"] for e in dump["entries"]):
+        if all(s["last_completed_collective"] >= last for s in counts) and all(
+            e["retired"] for e in dump["entries"]
+        ):
             return
         time.sleep(0.01)
 
