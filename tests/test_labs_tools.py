@@ -106,3 +106,28 @@ def test_stack_lines_without_the_step_say_so() -> None:
     assert stacks.stack_lines("Thread 0x1 (most recent call first):\n") == [
         "  (no stack of the step was written)"
     ]
+
+
+def _entry(seq: int, retired: bool) -> dict:
+    """A Flight Recorder entry of an all_reduce of 5 floats called from `step`."""
+    frames = [{"filename": "/x/torch/distributed/c10d.py", "name": "all_reduce"}]
+    frames.append({"filename": "/x/train.py", "name": "step"})
+    return dict(
+        collective_seq_id=seq,
+        profiling_name="gloo:all_reduce",
+        input_sizes=[[5]],
+        input_dtypes=["Float"],
+        retired=retired,
+        frames=frames,
+    )
+
+
+def test_the_recorders_header_follows_its_entries_where_the_counter_lags() -> None:
+    lagging = {"last_enqueued_collective": 2, "last_completed_collective": 1}
+    dump = {"pg_status": {"0": lagging}, "entries": [_entry(1, True), _entry(2, True)]}
+    dump["entries"].append(_entry(3, False))
+    lines = stacks.fr_lines(dump)
+    assert lines[0] == "last enqueued #3, last completed #2", lines
+    assert lines[3] == "  #3 gloo:all_reduce Float[5] from step: never completed"
+    dump["entries"] = []  # a torch whose gloo records nothing: the counters
+    assert stacks.fr_lines(dump)[0] == "last enqueued #2, last completed #1"

@@ -58,19 +58,14 @@ def log_loss_on_rank_0(wait: float) -> dict:
 
 
 def recorded(seconds: float) -> None:
-    """Return once this rank's Flight Recorder counts every call it recorded as
-    completed, entries and group counter alike (or after `seconds`): gloo marks a
-    call done on its own thread after the caller's wait() returned, and the counter
-    can lag the entries (CI, loaded: "last enqueued #3, last completed #1" beside an
-    entry #2 marked completed), so a dump taken at once can say too little."""
+    """Return once this rank's Flight Recorder marks every call it recorded as
+    completed (or after `seconds`): gloo marks a call done on its own thread, after
+    the caller's wait() has returned, so a dump taken at once can still say the last
+    call is not done. It did in CI, with notebooks running beside this one."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
-        last = max((e["collective_seq_id"] for e in dump["entries"]), default=0)
-        counts = dump["pg_status"].values()
-        if all(s["last_completed_collective"] >= last for s in counts) and all(
-            e["retired"] for e in dump["entries"]
-        ):
+        if all(e["retired"] for e in dump["entries"]):
             return
         time.sleep(0.01)
 
@@ -84,12 +79,18 @@ def _caller(frames: list[dict]) -> str:
 
 
 def fr_lines(dump: dict) -> list[str]:
-    """One rank's Flight Recorder dump: its group's counters, then each entry
-    (sequence number, op, input shapes and dtypes, whether it completed, caller)."""
+    """One rank's Flight Recorder dump: the last call it enqueued and the last it
+    completed, then each entry (sequence number, op, input shapes and dtypes,
+    whether it completed, caller). The two numbers come from the entries: the
+    group's counters in `pg_status` can lag them (a loaded CI run printed "last
+    completed #1" beside an entry #2 marked completed); without entries (a torch
+    whose gloo records none), from the counters."""
     lines = []
+    seqs = [e["collective_seq_id"] for e in dump["entries"]]
+    done = [e["collective_seq_id"] for e in dump["entries"] if e["retired"]]
     for status in dump["pg_status"].values():
-        enqueued = status["last_enqueued_collective"]
-        completed = status["last_completed_collective"]
+        enqueued = max(seqs, default=status["last_enqueued_collective"])
+        completed = max(done, default=status["last_completed_collective"])
         lines.append(f"last enqueued #{enqueued}, last completed #{completed}")
     if not dump["entries"]:  # torch before gloo recorded, or a buffer size of 0
         lines.append("  (no entries: this torch's gloo recorded nothing)")
