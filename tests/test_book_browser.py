@@ -150,6 +150,13 @@ def browser() -> Iterator[object]:
         launched.close()
 
 
+# How long a page may take to load and fall quiet. Playwright's default, 30 s, was
+# once too short: in a fresh-clone `make test`, where the notebooks run beside this
+# check on 2 cores, chapter 12b's page loaded but its network was not yet quiet
+# after 30 s. A bound against a hang, not a claim about speed.
+LOAD_MS = 120_000
+
+
 @contextlib.contextmanager
 def opened(
     browser: object,
@@ -163,8 +170,8 @@ def opened(
     try:
         if watch:
             watch(page)
-        page.goto(url, wait_until="load")
-        page.wait_for_load_state("networkidle")
+        page.goto(url, wait_until="load", timeout=LOAD_MS)
+        page.wait_for_load_state("networkidle", timeout=LOAD_MS)
         yield page
     finally:
         page.close()

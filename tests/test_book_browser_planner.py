@@ -27,6 +27,7 @@ import pytest
 from test_book_browser import (  # noqa: F401 (fixtures)
     BLOCKS,
     HEIGHT,
+    LOAD_MS,
     SIDEWAYS,
     WIDTH,
     browser,
@@ -299,8 +300,8 @@ def planner(browser: Any, site: str) -> Iterator[Any]:  # noqa: F811 (fixtures)
     tab = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
     errors: list[str] = []
     tab.on("pageerror", lambda e: errors.append(str(e)))
-    tab.goto(f"{site}/{PAGE}", wait_until="load")
-    tab.wait_for_selector("#dc-planner form")
+    tab.goto(f"{site}/{PAGE}", wait_until="load", timeout=LOAD_MS)
+    tab.wait_for_selector("#dc-planner form", timeout=LOAD_MS)
     yield tab
     tab.close()
     assert not errors, errors
